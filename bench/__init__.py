@@ -1,0 +1,1 @@
+"""Micro-benchmarks and load benchmarks (see BENCHMARKS.md)."""

@@ -1,0 +1,1 @@
+"""Shared domain of the dispatcher: job model, events, pure core, settings, stack, CLI."""

@@ -1,0 +1,220 @@
+"""One typed settings object for every dispatch process.
+
+Values come from `conf/defaults.toml` (or the file named by DISPATCH_CONFIG), overridden by
+environment variables `DISPATCH_<SECTION>__<NAME>`, overridden by keyword arguments (tests).
+Everything is validated when loaded; a bad value raises `ConfigError` naming the setting and
+the environment variable that sets it, so a typo fails at start, not an hour later.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ENV_PREFIX = "DISPATCH_"
+ENV_NESTED_DELIMITER = "__"
+
+
+def config_file() -> Path:
+    """The TOML file the settings are read from."""
+    override = os.environ.get("DISPATCH_CONFIG")
+    return Path(override) if override else PROJECT_ROOT / "conf" / "defaults.toml"
+
+
+class ConfigError(Exception):
+    """A setting is missing or invalid; the message names it."""
+
+
+class _Section(BaseModel):
+    # Unknown keys are typos: refuse them instead of silently ignoring them.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PathSettings(_Section):
+    var: Path = Path("var")
+    warehouse: Path = Path("var/delta")
+    cache: Path = Path("~/.cache/dispatch")
+
+    @field_validator("var", "warehouse", "cache")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        # Relative to the project root, so a command run from a sub-folder finds the same data.
+        expanded = value.expanduser()
+        return expanded if expanded.is_absolute() else PROJECT_ROOT / expanded
+
+
+class KafkaSettings(_Section):
+    bootstrap: str = "127.0.0.1:9092"
+    controller_port: int = Field(9093, ge=1, le=65535)
+    heap: str = Field("512m", pattern=r"^[0-9]+[mMgG]$")
+    start_timeout_s: float = Field(90.0, gt=0)
+    submit_topic: str = Field("dispatch.submit", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    events_topic: str = Field("dispatch.events", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    rejected_topic: str = Field("dispatch.submit.rejected", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    submit_partitions: int = Field(2, ge=1)
+    events_partitions: int = Field(1, ge=1)
+    rejected_partitions: int = Field(1, ge=1)
+    retention_hours: int = Field(168, ge=1)
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        for server in value.split(","):
+            host, sep, port = server.strip().rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"expected host:port[,host:port...], got {value!r}")
+        return value
+
+    @property
+    def host(self) -> str:
+        return self.bootstrap.split(",")[0].rpartition(":")[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.bootstrap.split(",")[0].rpartition(":")[2])
+
+    @property
+    def topics(self) -> dict[str, int]:
+        """Every topic the dispatcher uses, with its partition count."""
+        return {
+            self.submit_topic: self.submit_partitions,
+            self.events_topic: self.events_partitions,
+            self.rejected_topic: self.rejected_partitions,
+        }
+
+
+class SparkSettings(_Section):
+    master: str = "local[2]"
+    shuffle_partitions: int = Field(2, ge=1)
+    ui_enabled: bool = False
+    driver_memory: str = Field("2g", pattern=r"^[0-9]+[mMgG]$")
+
+
+class ApiSettings(_Section):
+    host: str = "127.0.0.1"
+    ports: list[int] = Field(default_factory=lambda: [8000, 8001], min_length=1)
+    max_payload_bytes: int = Field(1_048_576, ge=1)
+
+    @field_validator("ports")
+    @classmethod
+    def _valid_ports(cls, value: list[int]) -> list[int]:
+        if any(not 0 < port < 65536 for port in value):
+            raise ValueError(f"ports must be between 1 and 65535, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"ports must be distinct, got {value}")
+        return value
+
+
+class DispatcherSettings(_Section):
+    group: str = Field("default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    default_cap: int = Field(100, ge=1)
+    caps: dict[str, int] = Field(default_factory=dict)
+    ack_timeout_s: float = Field(30.0, gt=0)
+    backoff_multiplier: float = Field(2.0, ge=1.0)
+    max_ack_timeout_s: float = Field(600.0, gt=0)
+    max_attempts: int = Field(5, ge=1)
+    worker_expiry_s: float = Field(15.0, gt=0)
+
+    @field_validator("caps")
+    @classmethod
+    def _positive_caps(cls, value: dict[str, int]) -> dict[str, int]:
+        bad = {client: cap for client, cap in value.items() if cap < 1}
+        if bad:
+            raise ValueError(f"every cap must be at least 1, got {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _timeout_cap_covers_first_attempt(self) -> DispatcherSettings:
+        if self.max_ack_timeout_s < self.ack_timeout_s:
+            raise ValueError("max_ack_timeout_s must be at least ack_timeout_s")
+        return self
+
+
+class LeaseSettings(_Section):
+    ttl_s: float = Field(10.0, gt=0)
+    renew_every_s: float = Field(3.0, gt=0)
+    clock_skew_margin_s: float = Field(2.0, ge=0)
+
+    @model_validator(mode="after")
+    def _renew_before_expiry(self) -> LeaseSettings:
+        # A leader must renew, and stop dispatching, before its lease can expire anywhere.
+        if self.renew_every_s + self.clock_skew_margin_s >= self.ttl_s:
+            raise ValueError("renew_every_s + clock_skew_margin_s must be less than ttl_s")
+        return self
+
+
+class Settings(BaseSettings):
+    """Every setting of every dispatch process, validated."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+        frozen=True,
+    )
+
+    paths: PathSettings = Field(default_factory=PathSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Highest priority first: keyword arguments, then the environment, then the file.
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=config_file())
+        return (init_settings, env_settings, toml)
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.paths.var / "kafka"
+
+    @property
+    def jar_cache(self) -> Path:
+        return self.paths.cache / "jars"
+
+    @property
+    def maven_repo(self) -> Path:
+        return self.paths.cache / "m2"
+
+
+def _setting_name(location: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in location)
+
+
+def _env_name(location: tuple[int | str, ...]) -> str:
+    parts = [str(part) for part in location if isinstance(part, str)]
+    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(part.upper() for part in parts)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Load and validate the settings, or raise ConfigError naming every bad setting."""
+    source = config_file()
+    if not source.is_file():
+        raise ConfigError(f"configuration file {source} does not exist (DISPATCH_CONFIG)")
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        lines = [
+            f"  {_setting_name(problem['loc'])} (env {_env_name(problem['loc'])}): {problem['msg']}"
+            for problem in error.errors()
+        ]
+        raise ConfigError(f"invalid settings from {source}:\n" + "\n".join(lines)) from error

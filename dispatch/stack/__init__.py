@@ -1,0 +1,1 @@
+"""The embedded local stack: jars from Maven, a KRaft broker from those jars, process control."""

@@ -1,0 +1,1 @@
+"""The Spark Structured Streaming application that folds the Kafka log into Delta tables."""

@@ -1,0 +1,91 @@
+"""Shared fixtures for the real services: one Kafka broker and one Spark session per test
+session, a topic namespace and a Delta warehouse folder per test.
+
+The services start lazily, on the first test that asks for them, and stop by the pid this
+session started, even when tests fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from dispatch.settings import Settings, load_settings
+from dispatch.stack.broker import Broker, create_topics
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_namespace_numbers = itertools.count(1)
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now, so tests never collide with a developer's stack."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="session")
+def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """Settings of this test session's stack: its own data folder and free ports."""
+    var = tmp_path_factory.mktemp("var")
+    return load_settings(
+        paths={"var": str(var), "warehouse": str(var / "delta")},
+        kafka={"bootstrap": f"127.0.0.1:{free_port()}", "controller_port": free_port()},
+    )
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(stack_settings: Settings) -> Iterator[Broker]:
+    """The one real Kafka broker (KRaft, from the cached jars) of this test session."""
+    broker = Broker(stack_settings)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(stack_settings: Settings) -> Iterator[SparkSession]:
+    """The one real Spark session (Delta + Kafka connector) of this test session."""
+    from streaming.session import spark_session
+
+    session = spark_session(stack_settings, app_name="dispatch-tests")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def settings(request: pytest.FixtureRequest, stack_settings: Settings, tmp_path: Path) -> Settings:
+    """Per-test settings: topics in a namespace of this test, a warehouse folder of its own."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[:80].strip("-")
+    namespace = f"t{next(_namespace_numbers)}-{slug}"
+    kafka = stack_settings.kafka.model_copy(
+        update={
+            "submit_topic": f"{namespace}.dispatch.submit",
+            "events_topic": f"{namespace}.dispatch.events",
+            "rejected_topic": f"{namespace}.dispatch.submit.rejected",
+        }
+    )
+    paths = stack_settings.paths.model_copy(
+        update={"var": tmp_path / "var", "warehouse": tmp_path / "delta"}
+    )
+    return stack_settings.model_copy(update={"kafka": kafka, "paths": paths})
+
+
+@pytest.fixture
+def topics(kafka_broker: Broker, settings: Settings) -> Settings:
+    """Per-test settings whose three topics exist on the session's broker."""
+    create_topics(settings.kafka)
+    return settings

@@ -1,0 +1,163 @@
+"""`dispatch up --detach`, `status` and `down` as a user runs them, as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer
+
+from dispatch.stack.process import is_running
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+DISPATCH = str(Path(sys.executable).parent / "dispatch")
+
+
+class Cli:
+    def __init__(self, var: Path) -> None:
+        self.var = var
+        self.bootstrap = f"127.0.0.1:{free_port()}"
+        self.env = {
+            **os.environ,
+            "DISPATCH_PATHS__VAR": str(var),
+            "DISPATCH_KAFKA__BOOTSTRAP": self.bootstrap,
+            "DISPATCH_KAFKA__CONTROLLER_PORT": str(free_port()),
+            "COLUMNS": "200",
+        }
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [DISPATCH, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+
+    def broker_pid(self) -> int | None:
+        pid_file = self.var / "kafka" / "broker.pid"
+        return int(json.loads(pid_file.read_text())["pid"]) if pid_file.exists() else None
+
+
+def _processes_using(folder: Path) -> list[int]:
+    """Pids whose command line mentions `folder`: what this test started and may have left."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if str(folder) in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return [pid for pid in found if is_running(pid)]
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    cli = Cli(tmp_path / "var")
+    try:
+        yield cli
+    finally:
+        # Stop what this test started even when it failed half-way.
+        cli.run("down")
+
+
+def test_up_detach_status_down_leaves_no_process_behind(cli: Cli) -> None:
+    started = cli.run("up", "--detach")
+    assert started.returncode == 0, started.stderr
+    assert "running" in started.stdout
+    assert "dispatch.submit" in started.stdout
+    pid = cli.broker_pid()
+    assert pid is not None and is_running(pid)
+
+    status = cli.run("status")
+    assert status.returncode == 0
+    assert str(pid) in status.stdout
+
+    stopped = cli.run("down")
+    assert stopped.returncode == 0
+    assert "stopped: broker" in stopped.stdout
+    assert not is_running(pid)
+    assert _processes_using(cli.var) == []
+    assert cli.run("status").returncode == 3
+
+
+def test_a_restart_keeps_the_log_and_the_cluster(cli: Cli) -> None:
+    assert cli.run("up", "--detach").returncode == 0
+    meta = (cli.var / "kafka" / "data" / "meta.properties").read_text()
+    producer = KafkaProducer(bootstrap_servers=cli.bootstrap)
+    producer.send("dispatch.submit", key=b"job-1", value=b'{"id": "job-1"}').get(timeout=30)
+    producer.close()
+
+    # Starting again while it runs changes nothing.
+    again = cli.run("up", "--detach")
+    assert again.returncode == 0, again.stderr
+    assert "created topics" not in again.stdout
+
+    assert cli.run("down").returncode == 0
+    assert cli.run("up", "--detach").returncode == 0
+    assert (cli.var / "kafka" / "data" / "meta.properties").read_text() == meta
+    consumer = KafkaConsumer(
+        "dispatch.submit",
+        bootstrap_servers=cli.bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=10_000,
+    )
+    try:
+        assert [record.key for record in consumer] == [b"job-1"]
+    finally:
+        consumer.close()
+
+
+def test_a_broker_killed_hard_is_seen_as_stopped_and_starts_again(cli: Cli) -> None:
+    assert cli.run("up", "--detach").returncode == 0
+    pid = cli.broker_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while is_running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+    status = cli.run("status")
+    assert status.returncode == 3
+    assert "stopped" in status.stdout
+
+    restarted = cli.run("up", "--detach")
+    assert restarted.returncode == 0, restarted.stderr
+    new_pid = cli.broker_pid()
+    assert new_pid is not None and new_pid != pid and is_running(new_pid)
+
+
+def test_ctrl_c_stops_a_foreground_up_and_everything_it_started(cli: Cli) -> None:
+    with subprocess.Popen(
+        [DISPATCH, "up"], env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as foreground:
+        try:
+            assert foreground.stdout is not None
+            lines = []
+            for line in foreground.stdout:
+                lines.append(line)
+                if "press Ctrl-C" in line:
+                    break
+            assert any("press Ctrl-C" in line for line in lines), "".join(lines)
+            pid = cli.broker_pid()
+            assert pid is not None and is_running(pid)
+
+            foreground.send_signal(signal.SIGINT)
+            assert foreground.wait(timeout=60) == 0
+            assert not is_running(pid)
+            assert _processes_using(cli.var) == []
+        finally:
+            if foreground.poll() is None:
+                foreground.kill()
+                foreground.wait()

@@ -1,0 +1,85 @@
+"""The settings layer: defaults from conf/, environment overrides, errors that name the setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dispatch.settings import PROJECT_ROOT, ConfigError, load_settings
+
+
+def test_defaults_come_from_the_conf_file() -> None:
+    settings = load_settings()
+    assert settings.kafka.bootstrap == "127.0.0.1:9092"
+    assert settings.kafka.topics == {
+        "dispatch.submit": 2,
+        "dispatch.events": 1,
+        "dispatch.submit.rejected": 1,
+    }
+    assert settings.api.ports == [8000, 8001]
+
+
+def test_relative_paths_resolve_against_the_project_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir("/")
+    settings = load_settings()
+    assert settings.paths.var == PROJECT_ROOT / "var"
+    assert settings.paths.warehouse == PROJECT_ROOT / "var" / "delta"
+    assert settings.paths.cache == Path.home() / ".cache" / "dispatch"
+
+
+def test_environment_overrides_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISPATCH_KAFKA__BOOTSTRAP", "127.0.0.1:19092")
+    monkeypatch.setenv("DISPATCH_DISPATCHER__CAPS", '{"big-client": 500}')
+    settings = load_settings()
+    assert settings.kafka.port == 19092
+    assert settings.dispatcher.caps == {"big-client": 500}
+    # The rest of the section still comes from the file.
+    assert settings.kafka.submit_topic == "dispatch.submit"
+
+
+def test_an_invalid_value_names_the_setting_and_its_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DISPATCH_DISPATCHER__DEFAULT_CAP", "0")
+    with pytest.raises(ConfigError) as raised:
+        load_settings()
+    assert "dispatcher.default_cap" in str(raised.value)
+    assert "DISPATCH_DISPATCHER__DEFAULT_CAP" in str(raised.value)
+
+
+def test_a_malformed_bootstrap_address_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"kafka\.bootstrap"):
+        load_settings(kafka={"bootstrap": "localhost"})
+
+
+def test_an_unknown_setting_is_a_typo_not_silence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = tmp_path / "conf.toml"
+    conf.write_text('[kafka]\nbootstrapp = "127.0.0.1:9092"\n')
+    monkeypatch.setenv("DISPATCH_CONFIG", str(conf))
+    with pytest.raises(ConfigError, match=r"kafka\.bootstrapp"):
+        load_settings()
+
+
+def test_a_missing_config_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISPATCH_CONFIG", str(tmp_path / "absent.toml"))
+    with pytest.raises(ConfigError, match=r"absent\.toml"):
+        load_settings()
+
+
+def test_a_lease_renewed_too_late_is_refused() -> None:
+    with pytest.raises(ConfigError, match="renew_every_s"):
+        load_settings(lease={"ttl_s": 5.0, "renew_every_s": 4.0, "clock_skew_margin_s": 2.0})
+
+
+def test_a_timeout_cap_below_the_first_timeout_is_refused() -> None:
+    with pytest.raises(ConfigError, match="max_ack_timeout_s"):
+        load_settings(dispatcher={"ack_timeout_s": 60.0, "max_ack_timeout_s": 30.0})
+
+
+def test_keyword_overrides_merge_into_a_section() -> None:
+    settings = load_settings(kafka={"submit_topic": "other.submit"})
+    assert settings.kafka.submit_topic == "other.submit"
+    assert settings.kafka.events_topic == "dispatch.events"

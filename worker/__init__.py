@@ -1,0 +1,1 @@
+"""The worker SDK and the `dispatch worker` process."""

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from dispatch.settings import PROJECT_ROOT, ConfigError, load_settings
+from dispatch.settings import ENV_PREFIX, PROJECT_ROOT, ConfigError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def _no_dispatch_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # These tests are about the file and the variables they set themselves, not the caller's.
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)
 
 
 def test_defaults_come_from_the_conf_file() -> None:

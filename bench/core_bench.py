@@ -1,0 +1,370 @@
+"""Micro-benchmark of the pure dispatcher core (no Kafka, Spark or HTTP).
+
+    .venv/bin/python -m bench.core_bench            # everything, about 2-4 minutes
+    .venv/bin/python -m bench.core_bench --quick    # small sizes, a smoke run
+    .venv/bin/python -m bench.core_bench --json     # one JSON object instead of text
+
+What it measures, on one core:
+- baseline: the simplest loop a queue could be (dict insert + deque append/popleft + dict
+  delete per job), so the other figures have a reference from the same run;
+- cycles: submit + assign + ack per second, one command per call (`submit`, `ack`), then
+  batched (`submit_many`, `ack_many`, 100 jobs per call), and a mixed workload (4 exec
+  queues, 50 clients, 8 workers); the first two again with the cyclic GC's thresholds
+  raised (jobs are long-lived objects; the default thresholds rescan them often);
+- tick: the cost of `tick(now)` holding 1M queued and 100k running jobs, when nothing is due
+  and when 1,000 deadlines pass at once (each reassigned);
+- memory: the RSS of a fresh process holding 1M queued jobs.
+
+Times are CPU time of this (single-threaded) process, `time.process_time()`, so that other
+processes on a shared machine inflate them less than wall time would; the core never waits
+on anything, so on a dedicated core wall time equals CPU time. Sizes and repeat counts are
+fixed so that runs compare; each figure is the best of its repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from dispatch.core import Assigned, CoreConfig, Dispatcher, SubmitRequest
+
+T0 = 1_700_000_000.0
+BIG_CAP = 10**9
+GC_TUNED = (100_000, 50, 100)
+
+
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "nproc": os.cpu_count(),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "cpu": model,
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def best_of(repeats: int, run: Callable[[], float]) -> float:
+    return min(run() for _ in range(repeats))
+
+
+def requests(n: int, prefix: str = "job", execs: int = 1, clients: int = 1) -> list[SubmitRequest]:
+    return [
+        SubmitRequest(
+            id=f"{prefix}-{i:08d}",
+            exec=f"exec{i % execs}.run",
+            payload={"n": i},
+            client_id=f"client{i % clients}",
+        )
+        for i in range(n)
+    ]
+
+
+# --- baseline --------------------------------------------------------------------------------
+
+
+def bench_baseline(n: int) -> float:
+    """Seconds per job of the simplest possible queue loop."""
+    keys = [f"job-{i:08d}" for i in range(n)]
+
+    def run() -> float:
+        table: dict[str, int] = {}
+        queue: deque[str] = deque()
+        started = time.process_time()
+        for i, key in enumerate(keys):
+            table[key] = i
+            queue.append(key)
+            del table[queue.popleft()]
+        return (time.process_time() - started) / n
+
+    return best_of(3, run)
+
+
+# --- cycles ----------------------------------------------------------------------------------
+
+
+def fresh(workers: int = 1, subjects: str = "job.assign.>") -> Dispatcher:
+    dispatcher = Dispatcher(CoreConfig(default_cap=BIG_CAP, worker_expiry_s=None))
+    for w in range(workers):
+        dispatcher.join(f"w{w}", [subjects], T0)
+        dispatcher.grant_credit(f"w{w}", 1_000_000, T0)
+    return dispatcher
+
+
+def bench_cycles_per_call(n: int) -> float:
+    """Seconds per submit+assign+ack cycle, one command per call."""
+    batch = requests(n)
+
+    def run() -> float:
+        dispatcher = fresh()
+        submit, ack = dispatcher.submit, dispatcher.ack
+        now = T0
+        started = time.process_time()
+        for request in batch:
+            assigned = submit(request, now)[-1]
+            assert isinstance(assigned, Assigned)
+            ack(assigned.job_id, assigned.attempt, assigned.lease, now, result=None)
+        return (time.process_time() - started) / n
+
+    return best_of(3, run)
+
+
+def bench_cycles_batched(
+    n: int, size: int = 100, workers: int = 1, execs: int = 1, clients: int = 1
+) -> float:
+    """Seconds per cycle with submit_many/ack_many of `size` jobs per call."""
+    batch = requests(n, execs=execs, clients=clients)
+    chunks = [batch[i : i + size] for i in range(0, n, size)]
+
+    def run() -> float:
+        dispatcher = fresh(workers)
+        now = T0
+        started = time.process_time()
+        for chunk in chunks:
+            events = dispatcher.submit_many(chunk, now)
+            acks = [
+                (event.job_id, event.attempt, event.lease, None)
+                for event in events
+                if type(event) is Assigned
+            ]
+            done, rejected = dispatcher.ack_many(acks, now)
+            assert not rejected and len(done) >= len(chunk)
+        return (time.process_time() - started) / n
+
+    return best_of(3, run)
+
+
+def bench_cycles_mixed(n: int) -> float:
+    """Per-call cycles with 4 exec queues, 50 clients and 8 workers with 32 jobs in flight."""
+    batch = requests(n, execs=4, clients=50)
+
+    def run() -> float:
+        dispatcher = fresh(workers=8)
+        inflight: deque[Assigned] = deque()
+        now = T0
+        started = time.process_time()
+        for request in batch:
+            for event in dispatcher.submit(request, now):
+                if type(event) is Assigned:
+                    inflight.append(event)
+            while len(inflight) > 32:
+                done = inflight.popleft()
+                for event in dispatcher.ack(done.job_id, done.attempt, done.lease, now):
+                    if type(event) is Assigned:
+                        inflight.append(event)
+        return (time.process_time() - started) / n
+
+    return best_of(3, run)
+
+
+# --- tick at scale ---------------------------------------------------------------------------
+
+
+def bench_tick(queued: int, running: int) -> dict[str, float]:
+    """Hold `queued` queued and `running` running jobs; time idle and busy ticks."""
+    dispatcher = Dispatcher(
+        CoreConfig(default_cap=BIG_CAP, ack_timeout_s=30.0, worker_expiry_s=None)
+    )
+    started = time.process_time()
+    chunk = 10_000
+    total = queued + running
+    for base in range(0, total, chunk):
+        dispatcher.submit_many(
+            [
+                SubmitRequest(
+                    id=f"job-{i:08d}",
+                    exec=f"exec{i % 4}.run",
+                    payload={"n": i},
+                    client_id=f"client{i % 100}",
+                )
+                for i in range(base, min(base + chunk, total))
+            ],
+            T0,
+        )
+    setup_submit_s = time.process_time() - started
+    workers = 10
+    for w in range(workers):
+        dispatcher.join(f"w{w}", ["job.assign.>"], T0)
+    # Credit arrives in 100 steps 0.1 s apart, so deadlines are spread over 10 s.
+    steps = 100
+    per_step = running // steps
+    for step in range(steps):
+        dispatcher.grant_credit(f"w{step % workers}", per_step, T0 + step * 0.1)
+    counts = dispatcher.counts()
+    assert counts["running"] == running and counts["queued"] == queued, counts
+
+    now = T0 + 10.0
+    ticks = 20_000
+    gc.collect()
+    t = time.process_time()
+    for k in range(ticks):
+        dispatcher.tick(now + k * 1e-6)
+    idle_s = (time.process_time() - t) / ticks
+
+    # Just past the first step's deadlines: its jobs expire together and are reassigned (no
+    # other worker has credit left, so each goes back to its own worker as attempt 2).
+    due = T0 + 30.0 + 0.05
+    t = time.process_time()
+    events = dispatcher.tick(due)
+    busy_s = time.process_time() - t
+    expired = sum(1 for event in events if event.type == "reassigned")
+    return {
+        "queued": counts["queued"],
+        "running": counts["running"],
+        "setup_submit_per_job_s": setup_submit_s / total,
+        "idle_tick_s": idle_s,
+        "busy_tick_s": busy_s,
+        "busy_tick_expired": expired,
+        "busy_tick_per_expired_s": busy_s / max(expired, 1),
+        "rss_mb": rss_mb(),
+    }
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+
+def memory_child(n: int) -> dict[str, float]:
+    """Run in a fresh process: RSS before and after queueing `n` jobs (no worker)."""
+    dispatcher = Dispatcher(CoreConfig(worker_expiry_s=None))
+    gc.collect()
+    before = rss_mb()
+    chunk = 10_000
+    for base in range(0, n, chunk):
+        dispatcher.submit_many(
+            [
+                SubmitRequest(
+                    id=f"job-{i:08d}",
+                    exec=f"exec{i % 4}.run",
+                    payload={"n": i},
+                    client_id=f"client{i % 100}",
+                )
+                for i in range(base, min(base + chunk, n))
+            ],
+            T0,
+        )
+    gc.collect()
+    after = rss_mb()
+    assert dispatcher.counts()["queued"] == n
+    return {
+        "jobs": n,
+        "rss_before_mb": before,
+        "rss_after_mb": after,
+        "bytes_per_job": (after - before) * 1024 * 1024 / n,
+    }
+
+
+def bench_memory(n: int) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.core_bench", "--memory-child", str(n)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result: dict[str, float] = json.loads(out.stdout)
+    return result
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+def run_all(quick: bool) -> dict[str, Any]:
+    n = 20_000 if quick else 200_000
+    big_queued, big_running = (100_000, 10_000) if quick else (1_000_000, 100_000)
+    results: dict[str, Any] = {"machine": machine(), "quick": quick}
+    per_job = bench_baseline(n)
+    results["baseline_per_job_s"] = per_job
+    results["cycle_per_call_s"] = bench_cycles_per_call(n)
+    results["cycle_batched_s"] = bench_cycles_batched(n)
+    results["cycle_mixed_s"] = bench_cycles_mixed(n)
+    # The same two runs with the cyclic GC's thresholds raised, as a leader process may do:
+    # the jobs held are long-lived, and default thresholds rescan them over and over.
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*GC_TUNED)
+    try:
+        results["cycle_per_call_gc_tuned_s"] = bench_cycles_per_call(n)
+        results["cycle_batched_gc_tuned_s"] = bench_cycles_batched(n)
+    finally:
+        gc.set_threshold(*thresholds)
+    gc.collect()
+    results["memory"] = bench_memory(big_queued)
+    results["tick"] = bench_tick(big_queued, big_running)
+    return results
+
+
+def report(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    base = results["baseline_per_job_s"]
+
+    def rate(seconds: float) -> str:
+        ratio = seconds / base
+        return f"{1 / seconds:>10,.0f}/s  {seconds * 1e6:6.2f} us  ({ratio:5.1f}x baseline)"
+
+    tick = results["tick"]
+    mem = results["memory"]
+    lines = [
+        f"machine: {m['nproc']} cores, {m['cpu']}, {m['implementation']} {m['python']}, "
+        f"load average at start {m['loadavg_at_start']}",
+        f"baseline (dict insert + deque append/popleft + dict delete): "
+        f"{1 / base:,.0f} jobs/s, {base * 1e9:.0f} ns/job",
+        "submit+assign+ack cycles, one core:",
+        f"  one command per call      {rate(results['cycle_per_call_s'])}",
+        f"  batched, 100 per call     {rate(results['cycle_batched_s'])}",
+        f"  mixed, 4 execs/50 clients {rate(results['cycle_mixed_s'])}",
+        f"  with gc.set_threshold{GC_TUNED}:",
+        f"  one command per call      {rate(results['cycle_per_call_gc_tuned_s'])}",
+        f"  batched, 100 per call     {rate(results['cycle_batched_gc_tuned_s'])}",
+        f"tick with {tick['queued']:,} queued and {tick['running']:,} running:",
+        f"  nothing due               {tick['idle_tick_s'] * 1e6:.2f} us",
+        f"  {tick['busy_tick_expired']:,} deadlines due      "
+        f"{tick['busy_tick_s'] * 1e3:.1f} ms ({tick['busy_tick_per_expired_s'] * 1e6:.1f} us per "
+        "reassigned job)",
+        f"  (setup: SubmitRequest + submit_many {tick['setup_submit_per_job_s'] * 1e6:.2f} us/job; "
+        f"process RSS {tick['rss_mb']:,.0f} MB)",
+        f"memory, {mem['jobs']:,} queued jobs in a fresh process: "
+        f"RSS {mem['rss_after_mb']:,.0f} MB "
+        f"({mem['rss_after_mb'] - mem['rss_before_mb']:,.0f} MB for the jobs, "
+        f"{mem['bytes_per_job']:.0f} bytes/job)",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_child:
+        print(json.dumps(memory_child(args.memory_child)))
+        return
+    results = run_all(args.quick)
+    print(json.dumps(results, indent=2) if args.json else report(results))
+
+
+if __name__ == "__main__":
+    main()

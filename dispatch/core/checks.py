@@ -1,0 +1,149 @@
+"""Whole-state views and consistency checks, for tests, debugging and rebuild verification.
+
+These walk every job (O(n)): never call them on a hot path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from dispatch.core.job import JobStatus, check_record
+from dispatch.core.state import DispatcherState
+from dispatch.core.workers import pick_worker
+
+
+def state_view(state: DispatcherState) -> dict[str, Any]:
+    """The logical state as plain data. Two dispatchers that folded the same events have equal
+    views (whether they decided the events or replayed them).
+
+    Left out on purpose: the clock, and which delayed jobs were already released (both
+    follow from the time of the last tick), and the round-robin cursors (which exec queue and
+    which client is served next), which steer future choices but are not facts.
+    """
+    return {
+        "epoch": state.fence.epoch,
+        "assign_seq": state._assign_seq,
+        "next_seq": state._next_seq,
+        "front_seq": state._front_seq,
+        "jobs": {job_id: state._jobs[job_id].to_dict() for job_id in sorted(state._jobs)},
+        "workers": {
+            worker_id: {
+                **state._workers[worker_id].record().to_dict(),
+                "running": sorted(state._workers[worker_id].running),
+            }
+            for worker_id in sorted(state._workers)
+        },
+        "inflight": {
+            client_id: client.inflight
+            for client_id, client in sorted(state._clients.items())
+            if client.inflight
+        },
+        "dead_letters": list(state._dead),
+    }
+
+
+def check_invariants(state: DispatcherState) -> None:
+    """Raise AssertionError at the first inconsistency between records and indexes."""
+    jobs = state._jobs
+    by_status: Counter[JobStatus] = Counter()
+    inflight: Counter[str] = Counter()
+    running_per_queue: Counter[str] = Counter()
+    for job in jobs.values():
+        check_record(job)
+        by_status[job.status] += 1
+        if job.status is JobStatus.RUNNING:
+            worker = state._workers.get(job.worker_id or "")
+            assert worker is not None, f"{job.id}: runs on unknown worker {job.worker_id}"
+            assert worker.running.get(job.id) is job, f"{job.id}: not in its worker's jobs"
+            inflight[job.client_id] += 1
+            running_per_queue[job.exec] += 1
+    for status in JobStatus:
+        assert state._counts[status.value] == by_status[status], f"count of {status} is off"
+    _check_queues(state, running_per_queue)
+    _check_workers_and_clients(state, inflight)
+
+
+def _check_queues(state: DispatcherState, running_per_queue: Counter[str]) -> None:
+    """Every queued job sits in exactly one place: the delay heap or one lane."""
+    jobs = state._jobs
+    delayed = [job for job in state._delays.jobs() if jobs.get(job.id) is job]
+    delayed_ids = [job.id for job in delayed]
+    assert len(set(delayed_ids)) == len(delayed_ids), "a job is twice in the delay heap"
+    for job in delayed:
+        assert state._is_delayed(job), f"{job.id}: in the delay heap but due"
+    laned: list[str] = []
+    for exec_name, queue in state._queues.items():
+        assert queue.exec == exec_name
+        ready = 0
+        for priority, level in queue.levels.items():
+            assert level.queue is queue and level.priority == priority
+            for client_id, lane in level.lanes.items():
+                assert not lane.dead and lane.client.client_id == client_id
+                ordered = lane.ordered()
+                assert len(ordered) == lane.live, f"{exec_name}/{client_id}: live count off"
+                entries = len(lane.jobs) + len(lane.late)
+                assert entries == lane.live + lane.stale, f"{exec_name}/{client_id}: stale off"
+                for job in ordered:
+                    assert job.exec == exec_name and job.priority == priority
+                    assert job.client_id == client_id
+                    assert not state._is_delayed(job), f"{job.id}: in a lane before its time"
+                laned.extend(job.id for job in ordered)
+                ready += len(ordered)
+                if lane.live and not lane.parked:
+                    assert lane.in_rotation, f"{exec_name}/{client_id}: lane out of rotation"
+                in_rotation = sum(1 for other in level.rotation if other is lane)
+                assert in_rotation == int(lane.in_rotation), f"{exec_name}/{client_id}: rotation"
+                assert lane.parked == (lane in lane.client.parked)
+                assert not (lane.parked and lane.in_rotation)
+            assert level.live == sum(lane.live for lane in level.lanes.values())
+        assert queue.ready == ready, f"{exec_name}: ready count off"
+        assert queue.delayed == sum(1 for job in delayed if job.exec == exec_name)
+        assert queue.running == running_per_queue[exec_name], f"{exec_name}: running count off"
+        assert sorted(-p for p in queue.levels) == queue.priorities
+        assert sum(1 for other in state._rotation if other is queue) == int(queue.in_rotation)
+    assert len(set(laned)) == len(laned), "a job is in two lanes"
+    queued = {job.id for job in jobs.values() if job.status is JobStatus.QUEUED}
+    assert set(laned) | set(delayed_ids) == queued, "queued jobs and queues disagree"
+    assert not set(laned) & set(delayed_ids), "a job is both delayed and ready"
+    assert state._delayed == len(delayed)
+
+
+def _check_workers_and_clients(state: DispatcherState, inflight: Counter[str]) -> None:
+    jobs = state._jobs
+    for worker_id, worker in state._workers.items():
+        assert worker.worker_id == worker_id
+        assert worker.credit >= 0, f"{worker_id}: negative credit"
+        for job_id, job in worker.running.items():
+            assert jobs.get(job_id) is job and job.status is JobStatus.RUNNING
+            assert job.worker_id == worker_id
+    for client_id, client in state._clients.items():
+        assert client.inflight == inflight[client_id], f"{client_id}: in-flight count off"
+    assert {job.id for job in jobs.values() if job.status is JobStatus.DEAD} == set(state._dead)
+    live_deadlines = {
+        entry[2].id
+        for entry in state._deadlines.heap
+        if entry[2].status is JobStatus.RUNNING and entry[2].deadline == entry[0]
+    }
+    running = {job.id for job in jobs.values() if job.status is JobStatus.RUNNING}
+    assert live_deadlines == running, "a running job has no deadline entry"
+
+
+def check_work_conserving(state: DispatcherState) -> None:
+    """After an assignment pass: no ready job of a client under its cap is left waiting while
+    a matching worker has credit."""
+    for queue in state._queues.values():
+        workers = [w for w in state._workers.values() if w.matches(queue.subject)]
+        if pick_worker(workers) is None:
+            continue
+        for lane in queue.lanes():
+            assert lane.client.inflight >= lane.client.cap, (
+                f"{queue.exec}: client {lane.client.client_id} waits under its cap "
+                "while a matching worker has credit"
+            )
+
+
+def check_caps(state: DispatcherState) -> None:
+    """No client runs more jobs than its cap."""
+    for client_id, client in state._clients.items():
+        assert client.inflight <= client.cap, f"{client_id}: {client.inflight} > cap {client.cap}"

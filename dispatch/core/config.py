@@ -1,0 +1,106 @@
+"""The dispatcher core's settings: a frozen value built by the project's settings layer.
+
+The core never reads files or environment variables; whoever constructs a `Dispatcher` passes
+a `CoreConfig`. Field names match the `[dispatcher]` section of `conf/defaults.toml`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+
+
+def _check_positive_number(name: str, value: object) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoreConfig:
+    """Scheduling policy. Facts in the log never depend on it: replay needs no config."""
+
+    default_cap: int = 100
+    """Jobs one client may have running at once, unless `caps` names the client."""
+    caps: Mapping[str, int] = field(default_factory=dict)
+    """Per-client caps, client_id -> cap."""
+    ack_timeout_s: float = 30.0
+    """Ack deadline of attempt 1 for jobs that do not set their own `timeout_s`."""
+    backoff_multiplier: float = 2.0
+    """Attempt n waits timeout * multiplier ** (n - 1) ..."""
+    max_ack_timeout_s: float = 600.0
+    """... but never longer than this (or the job's own first timeout, if that is longer)."""
+    max_attempts: int = 5
+    """Attempts before the dead-letter queue, for jobs that do not set their own."""
+    worker_expiry_s: float | None = 15.0
+    """A worker silent this long is lost on the next tick; None: only explicit loss counts."""
+
+    def __post_init__(self) -> None:
+        _check_positive_int("default_cap", self.default_cap)
+        if not isinstance(self.caps, Mapping):
+            raise ValueError(f"caps: expected a mapping client_id -> cap, got {self.caps!r}")
+        for client_id, cap in self.caps.items():
+            if not isinstance(client_id, str) or not client_id:
+                raise ValueError(f"caps: client ids must be non-empty strings, got {client_id!r}")
+            _check_positive_int(f"caps[{client_id!r}]", cap)
+        _check_positive_number("ack_timeout_s", self.ack_timeout_s)
+        _check_positive_number("backoff_multiplier", self.backoff_multiplier)
+        if self.backoff_multiplier < 1:
+            raise ValueError(
+                f"backoff_multiplier: expected a number >= 1, got {self.backoff_multiplier!r}"
+            )
+        _check_positive_number("max_ack_timeout_s", self.max_ack_timeout_s)
+        if self.max_ack_timeout_s < self.ack_timeout_s:
+            raise ValueError(
+                "max_ack_timeout_s: must be at least ack_timeout_s "
+                f"({self.max_ack_timeout_s!r} < {self.ack_timeout_s!r})"
+            )
+        _check_positive_int("max_attempts", self.max_attempts)
+        if self.worker_expiry_s is not None:
+            _check_positive_number("worker_expiry_s", self.worker_expiry_s)
+        for name in ("ack_timeout_s", "backoff_multiplier", "max_ack_timeout_s"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        if self.worker_expiry_s is not None:
+            object.__setattr__(self, "worker_expiry_s", float(self.worker_expiry_s))
+        # A read-only copy, so that a caller mutating its dict cannot change a running core.
+        object.__setattr__(self, "caps", MappingProxyType(dict(self.caps)))
+
+    def cap_for(self, client_id: str) -> int:
+        """The in-flight cap of one client."""
+        return self.caps.get(client_id, self.default_cap)
+
+    def ack_timeout(self, first_timeout_s: float, attempt: int) -> float:
+        """The ack timeout of `attempt` (1-based) for a job whose attempt 1 waits `first_timeout_s`.
+
+        Exponential backoff with a cap: first * multiplier ** (attempt - 1), at most
+        max(max_ack_timeout_s, first_timeout_s), so a job that asks for a longer first timeout
+        than the cap still gets it.
+        """
+        return ack_timeout(
+            first_timeout_s, attempt, self.backoff_multiplier, self.max_ack_timeout_s
+        )
+
+
+def ack_timeout(first_timeout_s: float, attempt: int, multiplier: float, cap_s: float) -> float:
+    """Backoff formula, shared by `CoreConfig.ack_timeout` and tests."""
+    limit = cap_s if cap_s > first_timeout_s else first_timeout_s
+    if attempt <= 1:
+        return first_timeout_s
+    # Grow step by step and stop at the cap: multiplier ** attempt could overflow a float.
+    timeout = first_timeout_s
+    for _ in range(attempt - 1):
+        timeout *= multiplier
+        if timeout >= limit:
+            return limit
+    return timeout

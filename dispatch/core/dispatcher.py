@@ -1,0 +1,188 @@
+"""The dispatcher: the pure state machine behind every behaviour of SPEC.md items 1-9.
+
+`Dispatcher` = state and fold (`state.DispatcherState`), queries (`queries`), the scheduler's
+decisions (`scheduler`), worker commands (`worker_commands`), settlement (`settlement`), and
+the client and leader commands below.
+
+A command either returns the events it applied (possibly none, e.g. a duplicate submit) or
+raises `Rejected` with a code, having changed nothing. After it has applied its own events,
+a command runs an assignment pass (unless called with `dispatch=False`, for batching), so the
+returned list may end with `assigned` events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from dispatch.core import _validate as v
+from dispatch.core.commands import SubmitRequest
+from dispatch.core.config import CoreConfig
+from dispatch.core.errors import RejectCode, Rejected
+from dispatch.core.events import (
+    Cancelled,
+    Event,
+    LeaderElected,
+    Pruned,
+    Redriven,
+    WorkerHeartbeat,
+)
+from dispatch.core.fast_events import new_enqueued
+from dispatch.core.job import JobRecord, JobStatus
+from dispatch.core.restore import load_snapshot
+from dispatch.core.settlement import SettlementCommands
+from dispatch.core.worker_commands import MAX_CREDITS, WorkerCommands
+from dispatch.core.workers import WorkerRecord
+
+__all__ = ["MAX_CREDITS", "Dispatcher"]
+
+
+class Dispatcher(WorkerCommands, SettlementCommands):
+    """The pure dispatcher. Not thread-safe: one caller at a time."""
+
+    # --- leader ----------------------------------------------------------------------------
+
+    def begin_epoch(self, epoch: int, now: float, *, holder: str = "") -> list[Event]:
+        """Record that a leader with a newer `epoch` took over (`leader_elected`). Events
+        decided from now on carry it; older epochs' events are void after it in the log."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch <= self.fence.epoch:
+            raise Rejected(
+                RejectCode.STALE_EPOCH, f"epoch {epoch!r} is not newer than {self.fence.epoch}"
+            )
+        now = self._now(now)
+        event = LeaderElected(epoch=epoch, at=now, holder=holder)
+        self.fence.admit(event)
+        out: list[Event] = []
+        self._emit(event, out)
+        return out
+
+    def resume(self, now: float) -> list[Event]:
+        """Call once after a rebuild, before serving: gives every known worker a fresh expiry
+        window (a `worker_heartbeat` each), since the silence during the failover was not
+        theirs, then runs an assignment pass."""
+        now = self._now(now)
+        out: list[Event] = []
+        for worker_id in list(self._workers):
+            self._emit(WorkerHeartbeat(epoch=self.fence.epoch, at=now, worker_id=worker_id), out)
+        self._dispatch(now, out)
+        return out
+
+    def prune(self, before: float, now: float) -> list[Event]:
+        """Forget succeeded and cancelled jobs that finished at or before `before` (their ids
+        can then be submitted again). Dead jobs stay until redriven. Emits one `pruned` event
+        if anything goes."""
+        try:
+            before = v.as_number(before, "before")
+        except ValueError as error:
+            raise Rejected(RejectCode.INVALID, str(error)) from None
+        now = self._now(now)
+        finished = self._finished
+        while finished and self._jobs.get(finished[0].id) is not finished[0]:
+            finished.popleft()
+        if not finished or finished[0].updated_at > before:
+            return []
+        out: list[Event] = []
+        self._emit(Pruned(epoch=self.fence.epoch, at=now, before=before), out)
+        return out
+
+    # --- clients ---------------------------------------------------------------------------
+
+    def submit(self, request: SubmitRequest, now: float, *, dispatch: bool = True) -> list[Event]:
+        """Enqueue a job (`enqueued`), unless its id is already known: then nothing happens
+        and [] is returned (read the existing job with `job(id)`)."""
+        now = float(now)
+        if now > self._clock:
+            self._advance(now)
+        now = self._clock
+        out: list[Event] = []
+        if request.id not in self._jobs:
+            self._enqueue(request, now, out)
+            if dispatch and self._rotation:
+                self._dispatch(now, out)
+        return out
+
+    def submit_many(self, requests: Iterable[SubmitRequest], now: float) -> list[Event]:
+        """Submit many jobs, then run one assignment pass. Duplicates are skipped."""
+        now = self._now(now)
+        out: list[Event] = []
+        jobs = self._jobs
+        for request in requests:
+            if request.id not in jobs:
+                self._enqueue(request, now, out)
+        self._dispatch(now, out)
+        return out
+
+    def _enqueue(self, request: SubmitRequest, now: float, out: list[Event]) -> None:
+        config = self.config
+        not_before = request.not_before
+        if request.delay_s:
+            not_before = now + request.delay_s
+        elif not_before is not None and not_before <= now:
+            not_before = None
+        event = new_enqueued(
+            self.fence.epoch,
+            now,
+            request.id,
+            request.client_id,
+            request.exec,
+            request.payload,
+            request.max_attempts or config.max_attempts,
+            request.timeout_s or config.ack_timeout_s,
+            request.priority,
+            not_before,
+            self._next_seq,
+        )
+        self._on_enqueued(event)
+        out.append(event)
+
+    def cancel(self, job_id: str, now: float) -> list[Event]:
+        """Cancel a queued (ready or delayed) job. Running and finished jobs refuse."""
+        job = self._job(job_id)
+        if job.status is not JobStatus.QUEUED:
+            raise Rejected(
+                RejectCode.NOT_CANCELLABLE,
+                f"job {job_id!r} is {job.status.value}; only queued jobs can be cancelled",
+                job_id=job_id,
+            )
+        now = self._now(now)
+        out: list[Event] = []
+        self._emit(Cancelled(epoch=self.fence.epoch, at=now, job_id=job_id), out)
+        return out
+
+    def redrive(self, job_id: str, now: float) -> list[Event]:
+        """Requeue a dead-lettered job with its attempts reset to 0."""
+        job = self._job(job_id)
+        if job.status is not JobStatus.DEAD:
+            raise Rejected(
+                RejectCode.NOT_DEAD,
+                f"job {job_id!r} is {job.status.value}; only dead jobs can be redriven",
+                job_id=job_id,
+            )
+        now = self._now(now)
+        out: list[Event] = []
+        self._emit(Redriven(epoch=self.fence.epoch, at=now, job_id=job_id, seq=self._next_seq), out)
+        self._dispatch(now, out)
+        return out
+
+    # --- rebuild ---------------------------------------------------------------------------
+
+    @classmethod
+    def restore(
+        cls,
+        jobs: Iterable[JobRecord],
+        *,
+        config: CoreConfig | None = None,
+        workers: Iterable[WorkerRecord] = (),
+        epoch: int = 0,
+    ) -> Dispatcher:
+        """A dispatcher holding a snapshot: the job records (e.g. the Delta `jobs` table at
+        some version), optionally the workers, and the fence epoch the snapshot was taken at.
+        Then `apply` the log after the snapshot, and call `resume(now)` before serving.
+
+        Running jobs keep their worker, lease and deadline, so an ack for an assignment the
+        old leader made is accepted. A worker named by a running job but absent from
+        `workers` becomes a placeholder (no subjects, no credit) until it joins again.
+        The records are copied; ValueError names the first inconsistent one.
+        """
+        dispatcher = cls(config, epoch=epoch)
+        load_snapshot(dispatcher, jobs, workers)
+        return dispatcher

@@ -1,0 +1,386 @@
+"""Events: the facts the core emits and folds. Each is one line of the `dispatch.events` log.
+
+Every event has a `type` (class constant), the leader `epoch` that wrote it and `at`, the
+unix time (seconds) at which it was decided. Events about one job derive from `JobEvent` and
+carry `job_id`; the per-job reducer (`dispatch.core.reducer`) folds exactly those.
+
+`to_dict()` gives a plain JSON-able dict; `event_from_dict()` validates one and raises
+ValueError naming the bad field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, fields
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from dispatch.core import _validate as v
+from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN, DeadReason, RequeueReason
+from dispatch.core.subjects import validate_exec, validate_patterns
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Base of all events."""
+
+    type: ClassVar[str] = ""
+    epoch: int
+    at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict of JSON-able values, `type` first."""
+        out: dict[str, Any] = {"type": self.type}
+        for name in _FIELDS[type(self)]:
+            value = getattr(self, name)
+            if isinstance(value, StrEnum):
+                value = value.value
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[name] = value
+        return out
+
+
+# --- facts about the leader and the log ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaderElected(Event):
+    """A leader took over with `epoch`; later events of lower epochs are void (EpochFence)."""
+
+    type: ClassVar[str] = "leader_elected"
+    holder: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pruned(Event):
+    """Succeeded and cancelled jobs that became terminal at or before `before` are forgotten
+    by the core (dedup window). The Delta tables keep them; the per-job fold ignores this."""
+
+    type: ClassVar[str] = "pruned"
+    before: float
+
+
+# --- facts about workers -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerJoined(Event):
+    """A worker (re)registered with its subject patterns; it starts with no credit."""
+
+    type: ClassVar[str] = "worker_joined"
+    worker_id: str
+    subjects: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreditGranted(Event):
+    """A worker can take `credits` more jobs (or exactly `credits` jobs, if `replace`)."""
+
+    type: ClassVar[str] = "credit_granted"
+    worker_id: str
+    credits: int
+    replace: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerHeartbeat(Event):
+    """A worker is alive."""
+
+    type: ClassVar[str] = "worker_heartbeat"
+    worker_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerLost(Event):
+    """A worker is gone. Its jobs were requeued (or dead-lettered) by the events just before."""
+
+    type: ClassVar[str] = "worker_lost"
+    worker_id: str
+    reason: str = ""
+
+
+# --- facts about one job -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobEvent(Event):
+    """Base of events about one job."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Enqueued(JobEvent):
+    """A new job entered its exec queue (`not_before`: not runnable before that time)."""
+
+    type: ClassVar[str] = "enqueued"
+    client_id: str
+    exec: str
+    payload: Any
+    max_attempts: int
+    timeout_s: float
+    priority: int = 0
+    not_before: float | None = None
+    seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assigned(JobEvent):
+    """A queued job was given to `worker_id` (spending one credit) as attempt `attempt`."""
+
+    type: ClassVar[str] = "assigned"
+    worker_id: str
+    attempt: int
+    lease: str
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reassigned(JobEvent):
+    """A running job's deadline passed; it moved to `worker_id` as attempt `attempt`.
+
+    A different worker spends one credit; the same worker (`worker_id ==
+    previous_worker_id`) keeps the slot of its timed-out attempt and spends none."""
+
+    type: ClassVar[str] = "reassigned"
+    worker_id: str
+    previous_worker_id: str
+    attempt: int
+    lease: str
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobHeartbeat(JobEvent):
+    """The worker running attempt `attempt` is alive; its deadline is now `deadline`."""
+
+    type: ClassVar[str] = "job_heartbeat"
+    worker_id: str
+    attempt: int
+    lease: str
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completed(JobEvent):
+    """The worker acked attempt `attempt` with `result`: the job succeeded."""
+
+    type: ClassVar[str] = "completed"
+    worker_id: str
+    attempt: int
+    lease: str
+    result: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Requeued(JobEvent):
+    """A running job went back to its queue at position `seq` (before later submissions)."""
+
+    type: ClassVar[str] = "requeued"
+    reason: RequeueReason
+    worker_id: str
+    attempt: int
+    error: str | None = None
+    seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLettered(JobEvent):
+    """A running job went to the dead-letter queue."""
+
+    type: ClassVar[str] = "dead_lettered"
+    reason: DeadReason
+    worker_id: str
+    attempt: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancelled(JobEvent):
+    """A queued job was cancelled."""
+
+    type: ClassVar[str] = "cancelled"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Redriven(JobEvent):
+    """A dead job was requeued at position `seq` with its attempts reset to 0."""
+
+    type: ClassVar[str] = "redriven"
+    seq: int
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.type: cls
+    for cls in (
+        LeaderElected,
+        Pruned,
+        WorkerJoined,
+        CreditGranted,
+        WorkerHeartbeat,
+        WorkerLost,
+        Enqueued,
+        Assigned,
+        Reassigned,
+        JobHeartbeat,
+        Completed,
+        Requeued,
+        DeadLettered,
+        Cancelled,
+        Redriven,
+    )
+}
+"""Every event class by its `type` string."""
+
+_FIELDS: dict[type[Event], tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls in EVENT_TYPES.values()
+}
+
+
+# --- validation ----------------------------------------------------------------------------
+
+_Parse = Callable[[Any, str], Any]
+
+
+def _exec(value: Any, label: str) -> str:
+    try:
+        return validate_exec(value)
+    except ValueError as error:
+        raise ValueError(f"{label}: {error}") from None
+
+
+def _subjects(value: Any, label: str) -> tuple[str, ...]:
+    patterns = v.as_str_tuple(value, label)
+    try:
+        return validate_patterns(patterns)
+    except ValueError as error:
+        raise ValueError(f"{label}: {error}") from None
+
+
+def _any(value: Any, label: str) -> Any:
+    return value
+
+
+def _attempt(value: Any, label: str) -> int:
+    return v.as_int(value, label, minimum=1)
+
+
+def _lease(value: Any, label: str) -> str:
+    lease = v.as_str(value, label)
+    if not lease:
+        raise ValueError(f"{label}: expected a non-empty string")
+    return lease
+
+
+_COMMON: dict[str, _Parse] = {
+    "epoch": lambda value, label: v.as_int(value, label, minimum=0),
+    "at": v.as_number,
+}
+_JOB: dict[str, _Parse] = {"job_id": v.as_id}
+_SCHEMAS: dict[type[Event], dict[str, _Parse]] = {
+    LeaderElected: {"holder": v.as_str},
+    Pruned: {"before": v.as_number},
+    WorkerJoined: {"worker_id": v.as_id, "subjects": _subjects},
+    CreditGranted: {
+        "worker_id": v.as_id,
+        "credits": lambda value, label: v.as_int(value, label, minimum=0),
+        "replace": v.as_bool,
+    },
+    WorkerHeartbeat: {"worker_id": v.as_id},
+    WorkerLost: {"worker_id": v.as_id, "reason": v.as_str},
+    Enqueued: {
+        **_JOB,
+        "client_id": v.as_id,
+        "exec": _exec,
+        "payload": _any,
+        "max_attempts": lambda value, label: v.as_int(value, label, minimum=1),
+        "timeout_s": lambda value, label: v.as_number(value, label, positive=True),
+        "priority": lambda value, label: v.as_int(value, label, PRIORITY_MIN, PRIORITY_MAX),
+        "not_before": v.as_opt_number,
+        "seq": v.as_int,
+    },
+    Assigned: {
+        **_JOB,
+        "worker_id": v.as_id,
+        "attempt": _attempt,
+        "lease": _lease,
+        "deadline": v.as_number,
+    },
+    Reassigned: {
+        **_JOB,
+        "worker_id": v.as_id,
+        "previous_worker_id": v.as_id,
+        "attempt": _attempt,
+        "lease": _lease,
+        "deadline": v.as_number,
+    },
+    JobHeartbeat: {
+        **_JOB,
+        "worker_id": v.as_id,
+        "attempt": _attempt,
+        "lease": _lease,
+        "deadline": v.as_number,
+    },
+    Completed: {
+        **_JOB,
+        "worker_id": v.as_id,
+        "attempt": _attempt,
+        "lease": _lease,
+        "result": _any,
+    },
+    Requeued: {
+        **_JOB,
+        "reason": lambda value, label: v.as_enum(RequeueReason, value, label),
+        "worker_id": v.as_id,
+        "attempt": _attempt,
+        "error": v.as_opt_str,
+        "seq": v.as_int,
+    },
+    DeadLettered: {
+        **_JOB,
+        "reason": lambda value, label: v.as_enum(DeadReason, value, label),
+        "worker_id": v.as_id,
+        "attempt": _attempt,
+        "error": v.as_opt_str,
+    },
+    Cancelled: {**_JOB},
+    Redriven: {**_JOB, "seq": v.as_int},
+}
+_ALLOWED: dict[type[Event], frozenset[str]] = {
+    cls: frozenset({"type", *_FIELDS[cls]}) for cls in EVENT_TYPES.values()
+}
+# Fields with a default in the dataclass may be absent from the dict.
+_DEFAULTED: dict[type[Event], frozenset[str]] = {
+    cls: frozenset(
+        f.name for f in fields(cls) if f.default is not MISSING or f.default_factory is not MISSING
+    )
+    for cls in EVENT_TYPES.values()
+}
+
+
+def event_from_dict(data: Mapping[str, Any]) -> Event:
+    """Build and validate an event from its `to_dict()` form.
+
+    Raises ValueError naming the bad field (e.g. "assigned.attempt: expected an integer >= 1,
+    got 0") for an unknown type, a missing or unknown field, or a wrongly typed value.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"event: expected a JSON object, got {type(data).__name__}")
+    type_name = data.get("type")
+    cls = EVENT_TYPES.get(type_name) if isinstance(type_name, str) else None
+    if cls is None or not isinstance(type_name, str):
+        raise ValueError(f"event.type: unknown event type {type_name!r}")
+    v.check_keys(data, _ALLOWED[cls], type_name)
+    parsers = _SCHEMAS[cls]
+    defaulted = _DEFAULTED[cls]
+    kwargs: dict[str, Any] = {}
+    for name in _FIELDS[cls]:
+        label = f"{type_name}.{name}"
+        if name not in data:
+            if name in defaulted:
+                continue
+            raise ValueError(f"{label}: missing required field")
+        parse = _COMMON.get(name) or parsers[name]
+        kwargs[name] = parse(data[name], label)
+    return cls(**kwargs)

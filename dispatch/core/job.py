@@ -1,0 +1,215 @@
+"""The per-job record: one row of the Delta `jobs` table, and the core's unit of state."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import Any
+
+from dispatch.core import _validate as v
+from dispatch.core.subjects import validate_exec
+
+PRIORITY_MIN = -1_000_000
+PRIORITY_MAX = 1_000_000
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    """Waiting for a worker (ready, or delayed until `not_before`)."""
+    RUNNING = "running"
+    """Assigned to `worker_id` under `lease` until `deadline`."""
+    SUCCEEDED = "succeeded"
+    """Acked; `result` holds the worker's result. Terminal."""
+    DEAD = "dead"
+    """In the dead-letter queue; `dead_reason` says why. Can be redriven."""
+    CANCELLED = "cancelled"
+    """Cancelled while queued. Terminal."""
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.DEAD})
+"""Statuses a job leaves only by redrive (dead) or never (succeeded, cancelled)."""
+
+
+class DeadReason(StrEnum):
+    """Why a job went to the dead-letter queue."""
+
+    ACK_TIMEOUT = "ack_timeout"
+    """Its last allowed attempt passed its deadline without an ack."""
+    RETRIES_EXHAUSTED = "retries_exhausted"
+    """Its last allowed attempt failed with a retryable error."""
+    PERMANENT_FAILURE = "permanent_failure"
+    """A worker reported a permanent (non-retryable) failure."""
+    WORKER_LOST = "worker_lost"
+    """The worker running its last allowed attempt was lost."""
+
+
+class RequeueReason(StrEnum):
+    """Why a running job went back to its queue."""
+
+    FAILED = "failed"
+    """The worker reported a retryable failure."""
+    WORKER_LOST = "worker_lost"
+    """The worker disconnected or stopped heartbeating."""
+    TIMEOUT = "timeout"
+    """Its deadline passed and no matching worker could take it at once."""
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """Everything known about one job. `to_dict()` is the Delta row / snapshot format.
+
+    Mutable for speed: the scheduler folds events into its records in place. Records handed
+    out by `Dispatcher.job()` are copies; `fold_job` never mutates its input. Construct it
+    with keywords: the field order is only relied upon inside the core (positional calls are
+    more than twice as fast, and a job is created per submission).
+    """
+
+    id: str
+    client_id: str
+    exec: str
+    payload: Any
+    """Opaque JSON value, handed to the worker as is."""
+    max_attempts: int
+    timeout_s: float
+    """Ack timeout of attempt 1; later attempts back off (see `CoreConfig.ack_timeout`)."""
+    submitted_at: float
+    updated_at: float
+    seq: int
+    """Queue position within (exec, priority, client): lower runs first. Requeued jobs get a
+    negative seq so they run before anything submitted later."""
+    status: JobStatus = JobStatus.QUEUED
+    attempts: int = 0
+    """Number of the latest attempt (0 = never assigned). Reset to 0 by redrive."""
+    priority: int = 0
+    not_before: float | None = None
+    worker_id: str | None = None
+    """The worker holding the job (running), or that ran its last attempt (succeeded, dead)."""
+    lease: str | None = None
+    """Token of the latest assignment; the worker presents it with attempt to settle the job."""
+    deadline: float | None = None
+    """Ack deadline of the current attempt (running only)."""
+    result: Any = None
+    error: str | None = None
+    """The latest error (failure text, timeout, worker loss)."""
+    dead_reason: DeadReason | None = None
+
+    def copy(self) -> JobRecord:
+        return JobRecord(
+            self.id,
+            self.client_id,
+            self.exec,
+            self.payload,
+            self.max_attempts,
+            self.timeout_s,
+            self.submitted_at,
+            self.updated_at,
+            self.seq,
+            self.status,
+            self.attempts,
+            self.priority,
+            self.not_before,
+            self.worker_id,
+            self.lease,
+            self.deadline,
+            self.result,
+            self.error,
+            self.dead_reason,
+        )
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict of JSON-able values (status and dead_reason as strings)."""
+        return {
+            "id": self.id,
+            "client_id": self.client_id,
+            "exec": self.exec,
+            "payload": self.payload,
+            "status": self.status.value,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "timeout_s": self.timeout_s,
+            "priority": self.priority,
+            "not_before": self.not_before,
+            "worker_id": self.worker_id,
+            "lease": self.lease,
+            "deadline": self.deadline,
+            "submitted_at": self.submitted_at,
+            "updated_at": self.updated_at,
+            "result": self.result,
+            "error": self.error,
+            "dead_reason": None if self.dead_reason is None else self.dead_reason.value,
+            "seq": self.seq,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobRecord:
+        """Rebuild a record from `to_dict()` output (e.g. a Delta row), checking every field
+        and the consistency of the status with the other fields."""
+        where = "job"
+        v.check_keys(data, _FIELD_NAMES, where)
+
+        def get(name: str, default: Any = v._MISSING) -> Any:
+            return v.field_value(data, name, where, default)
+
+        record = cls(
+            id=v.as_id(get("id"), "job.id"),
+            client_id=v.as_id(get("client_id"), "job.client_id"),
+            exec=_exec(get("exec"), "job.exec"),
+            payload=get("payload", None),
+            status=v.as_enum(JobStatus, get("status"), "job.status"),
+            attempts=v.as_int(get("attempts"), "job.attempts", minimum=0),
+            max_attempts=v.as_int(get("max_attempts"), "job.max_attempts", minimum=1),
+            timeout_s=v.as_number(get("timeout_s"), "job.timeout_s", positive=True),
+            priority=v.as_int(get("priority", 0), "job.priority", PRIORITY_MIN, PRIORITY_MAX),
+            not_before=v.as_opt_number(get("not_before", None), "job.not_before"),
+            worker_id=v.as_opt_id(get("worker_id", None), "job.worker_id"),
+            lease=v.as_opt_str(get("lease", None), "job.lease"),
+            deadline=v.as_opt_number(get("deadline", None), "job.deadline"),
+            submitted_at=v.as_number(get("submitted_at"), "job.submitted_at"),
+            updated_at=v.as_number(get("updated_at"), "job.updated_at"),
+            result=get("result", None),
+            error=v.as_opt_str(get("error", None), "job.error"),
+            dead_reason=v.as_opt_enum(DeadReason, get("dead_reason", None), "job.dead_reason"),
+            seq=v.as_int(get("seq"), "job.seq"),
+        )
+        check_record(record)
+        return record
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(JobRecord))
+
+
+def _exec(value: Any, label: str) -> str:
+    try:
+        return validate_exec(value)
+    except ValueError as error:
+        raise ValueError(f"{label}: {error}") from None
+
+
+def check_record(job: JobRecord) -> None:
+    """Raise ValueError when the record's fields contradict its status."""
+    label = f"job {job.id!r}"
+    if job.attempts > job.max_attempts:
+        raise ValueError(
+            f"{label}.attempts: {job.attempts} exceeds max_attempts {job.max_attempts}"
+        )
+    running = job.status is JobStatus.RUNNING
+    if running:
+        if job.attempts < 1:
+            raise ValueError(f"{label}.attempts: a running job has attempts >= 1")
+        for name in ("worker_id", "lease", "deadline"):
+            if getattr(job, name) is None:
+                raise ValueError(f"{label}.{name}: required while running")
+    elif job.deadline is not None:
+        raise ValueError(f"{label}.deadline: only a running job has a deadline")
+    if job.status is JobStatus.QUEUED:
+        if job.attempts >= job.max_attempts:
+            raise ValueError(f"{label}.attempts: a queued job has attempts left")
+        if job.worker_id is not None:
+            raise ValueError(f"{label}.worker_id: a queued job has no worker")
+    if (job.status is JobStatus.DEAD) != (job.dead_reason is not None):
+        raise ValueError(f"{label}.dead_reason: set exactly when the job is dead")

@@ -1,0 +1,333 @@
+"""Ready-job queues of one exec name: priorities, then round-robin across clients, then FIFO.
+
+    ExecQueue (one per exec name)
+      └─ Level (one per priority present; served highest first)
+           ├─ rotation: deque of Lanes, served round-robin (one job, then the back)
+           └─ Lane (one per client with ready jobs at this level): jobs in `seq` order
+
+So a client with 100k queued jobs gets one turn per round like a client with 10. A client at
+its in-flight cap is *parked*: its lanes leave the rotations (lazily, when met at the front)
+and come back when one of its jobs settles, so a capped client costs nothing per assignment.
+
+Removal is lazy: a cancelled job stays in its lane as a stale entry (status no longer queued)
+and is dropped when it reaches the front or when stale entries outnumber live ones.
+Everything here is internal; the Dispatcher owns these objects.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort
+from collections import deque
+
+from dispatch.core.job import JobRecord, JobStatus
+from dispatch.core.subjects import assign_subject
+from dispatch.core.workers import WorkerState
+
+_QUEUED = JobStatus.QUEUED
+_COMPACT_MIN_STALE = 64
+_KEEP_LEVELS = 8
+_KEEP_LANES = 1024
+
+
+class ClientState:
+    """A client's in-flight count against its cap, and the lanes parked while it is full."""
+
+    __slots__ = ("cap", "client_id", "inflight", "parked")
+
+    def __init__(self, client_id: str, cap: int) -> None:
+        self.client_id = client_id
+        self.cap = cap
+        self.inflight = 0
+        self.parked: list[Lane] = []
+
+    @property
+    def full(self) -> bool:
+        return self.inflight >= self.cap
+
+
+class Lane:
+    """One client's ready jobs at one priority of one exec queue, in `seq` order.
+
+    `jobs` is a deque kept sorted by seq; a job that arrives out of order (a delayed job
+    becoming ready behind later submissions) goes to the small `late` heap instead, and the
+    head is the smaller of the two fronts. Appends (submissions) and appendlefts (requeues,
+    which get ever smaller negative seqs) keep the deque sorted in O(1).
+    """
+
+    __slots__ = (
+        "client",
+        "dead",
+        "in_rotation",
+        "jobs",
+        "late",
+        "level",
+        "live",
+        "parked",
+        "stale",
+    )
+
+    def __init__(self, client: ClientState, level: Level) -> None:
+        self.client = client
+        self.level = level
+        self.jobs: deque[JobRecord] = deque()
+        self.late: list[tuple[int, JobRecord]] = []
+        self.live = 0
+        self.stale = 0
+        self.in_rotation = False
+        self.parked = False
+        self.dead = False
+
+    def push(self, job: JobRecord) -> None:
+        jobs = self.jobs
+        seq = job.seq
+        if not jobs or seq > jobs[-1].seq:
+            jobs.append(job)
+        elif seq < jobs[0].seq:
+            jobs.appendleft(job)
+        else:
+            heapq.heappush(self.late, (seq, job))
+        self.live += 1
+
+    def head(self) -> JobRecord | None:
+        """The next live job (dropping stale entries on the way), or None."""
+        jobs = self.jobs
+        late = self.late
+        while True:
+            if late and (not jobs or late[0][0] < jobs[0].seq):
+                job = late[0][1]
+                if job.status is _QUEUED:
+                    return job
+                heapq.heappop(late)
+            elif jobs:
+                job = jobs[0]
+                if job.status is _QUEUED:
+                    return job
+                jobs.popleft()
+            else:
+                return None
+            self.stale -= 1
+
+    def take(self, job: JobRecord) -> None:
+        """Remove `job`, normally the head (the job just assigned, whose status may already
+        say running: so this matches by identity, not by status)."""
+        jobs = self.jobs
+        late = self.late
+        while True:
+            if late and (not jobs or late[0][0] < jobs[0].seq):
+                front = late[0][1]
+                if front is job:
+                    heapq.heappop(late)
+                    break
+                if front.status is _QUEUED:
+                    self._take_slowly(job)
+                    break
+                heapq.heappop(late)
+            elif jobs:
+                front = jobs[0]
+                if front is job:
+                    jobs.popleft()
+                    break
+                if front.status is _QUEUED:
+                    self._take_slowly(job)
+                    break
+                jobs.popleft()
+            else:
+                raise KeyError(job.id)
+            self.stale -= 1
+        self.live -= 1
+
+    def _take_slowly(self, job: JobRecord) -> None:
+        # Only reached when a replayed log assigns jobs in another order than this state
+        # would (e.g. a snapshot that disagrees with it): correct, just O(n).
+        for index, entry in enumerate(self.jobs):
+            if entry is job:
+                del self.jobs[index]
+                return
+        for index, (_, entry) in enumerate(self.late):
+            if entry is job:
+                self.late.pop(index)
+                heapq.heapify(self.late)
+                return
+        raise KeyError(job.id)
+
+    def forget(self) -> None:
+        """A job of this lane was cancelled: its entry became stale."""
+        self.live -= 1
+        self.stale += 1
+        if self.stale > _COMPACT_MIN_STALE and self.stale > self.live:
+            self.jobs = deque(job for job in self.jobs if job.status is _QUEUED)
+            self.late = [entry for entry in self.late if entry[1].status is _QUEUED]
+            heapq.heapify(self.late)
+            self.stale = 0
+
+    def ordered(self) -> list[JobRecord]:
+        """Live jobs in serving order (for checks and views; O(n log n))."""
+        live = [job for job in self.jobs if job.status is _QUEUED]
+        live.extend(job for _, job in self.late if job.status is _QUEUED)
+        live.sort(key=lambda job: job.seq)
+        return live
+
+
+class Level:
+    """The lanes of one priority within one exec queue."""
+
+    __slots__ = ("lanes", "live", "priority", "queue", "rotation")
+
+    def __init__(self, priority: int, queue: ExecQueue) -> None:
+        self.priority = priority
+        self.queue = queue
+        self.lanes: dict[str, Lane] = {}
+        self.rotation: deque[Lane] = deque()
+        self.live = 0
+
+
+class ExecQueue:
+    """All queued jobs of one exec name, plus counters and a cache of matching workers.
+
+    Empty lanes and levels are kept for reuse (a queue that is drained as fast as it fills
+    would otherwise create and drop them for every job), up to a bound: beyond _KEEP_LEVELS
+    priorities or _KEEP_LANES clients per level, empty ones are dropped.
+    """
+
+    __slots__ = (
+        "delayed",
+        "exec",
+        "in_rotation",
+        "levels",
+        "priorities",
+        "ready",
+        "running",
+        "subject",
+        "workers",
+    )
+
+    def __init__(self, exec_name: str) -> None:
+        self.exec = exec_name
+        self.subject: tuple[str, ...] = tuple(assign_subject(exec_name).split("."))
+        self.levels: dict[int, Level] = {}
+        self.priorities: list[int] = []
+        """Priorities that have a level, highest first (stored negated for insort)."""
+        self.ready = 0
+        self.delayed = 0
+        self.running = 0
+        self.in_rotation = False
+        self.workers: list[WorkerState] | None = None
+        """Matching workers, computed on demand; None after any worker joins or leaves."""
+
+    def push(self, job: JobRecord, client: ClientState) -> bool:
+        """Queue a ready job. True when this may make the queue servable again: its lane had
+        no live job or was out of its rotation (a queue leaves the exec rotation when it has
+        nothing to serve, and only such a change can bring it back)."""
+        level = self.levels.get(job.priority)
+        if level is None:
+            level = self.levels[job.priority] = Level(job.priority, self)
+            insort(self.priorities, -job.priority)
+        lane = level.lanes.get(client.client_id)
+        if lane is None:
+            lane = level.lanes[client.client_id] = Lane(client, level)
+        was_empty = not lane.live
+        lane.push(job)
+        level.live += 1
+        self.ready += 1
+        if lane.parked:
+            return False
+        if not lane.in_rotation:
+            level.rotation.append(lane)
+            lane.in_rotation = True
+            return True
+        return was_empty
+
+    def lane_of(self, job: JobRecord) -> Lane:
+        level = self.levels.get(job.priority)
+        lane = None if level is None else level.lanes.get(job.client_id)
+        if lane is None:
+            raise KeyError(f"job {job.id!r} is not in a lane of {self.exec!r}")
+        return lane
+
+    def take(self, job: JobRecord) -> None:
+        """Remove a ready job that is being assigned, and move its lane to the back of the
+        rotation (round-robin across clients)."""
+        level = self.levels.get(job.priority)
+        lane = None if level is None else level.lanes.get(job.client_id)
+        if lane is None:
+            lane = self.lane_of(job)  # raises KeyError
+        lane.take(job)
+        self._left(lane)
+        rotation = lane.level.rotation
+        if lane.in_rotation and rotation and rotation[0] is lane:
+            if lane.live:
+                rotation.rotate(-1)
+            else:
+                rotation.popleft()
+                lane.in_rotation = False
+
+    def forget(self, job: JobRecord) -> None:
+        """A ready job was cancelled."""
+        lane = self.lane_of(job)
+        lane.forget()
+        self._left(lane)
+
+    def _left(self, lane: Lane) -> None:
+        level = lane.level
+        level.live -= 1
+        self.ready -= 1
+        if lane.live == 0 and len(level.lanes) > _KEEP_LANES:
+            lane.dead = True
+            del level.lanes[lane.client.client_id]
+        if level.live == 0 and len(self.priorities) > _KEEP_LEVELS:
+            for other in level.lanes.values():
+                other.dead = True
+            del self.levels[level.priority]
+            self.priorities.remove(-level.priority)
+
+    def next_job(self) -> JobRecord | None:
+        """The job to serve next: highest priority, then the lane at the front of that level's
+        rotation whose client is under its cap. Parks full clients' lanes on the way."""
+        levels = self.levels
+        for negated in self.priorities:
+            level = levels[-negated]
+            if not level.live:
+                continue
+            rotation = level.rotation
+            while rotation:
+                lane = rotation[0]
+                if not lane.live or lane.dead:
+                    rotation.popleft()
+                    lane.in_rotation = False
+                    continue
+                client = lane.client
+                if client.inflight >= client.cap:
+                    rotation.popleft()
+                    lane.in_rotation = False
+                    lane.parked = True
+                    client.parked.append(lane)
+                    continue
+                job = lane.head()
+                if job is not None:
+                    return job
+                # Unreachable while `live` is exact; kept so a bug cannot loop forever.
+                rotation.popleft()
+                lane.in_rotation = False
+        return None
+
+    def lanes(self) -> list[Lane]:
+        """Lanes holding live jobs."""
+        return [
+            lane for level in self.levels.values() for lane in level.lanes.values() if lane.live
+        ]
+
+
+def unpark(client: ClientState) -> list[Lane]:
+    """The client went under its cap: put its parked lanes back at the end of their rotations.
+    Returns the lanes that re-entered a rotation (their exec queues need serving)."""
+    back: list[Lane] = []
+    for lane in client.parked:
+        lane.parked = False
+        if lane.dead or lane.in_rotation or not lane.live:
+            continue
+        lane.level.rotation.append(lane)
+        lane.in_rotation = True
+        back.append(lane)
+    client.parked.clear()
+    return back

@@ -1,0 +1,250 @@
+"""The per-job lifecycle reducer: job state + job event -> job state.
+
+This is the only place where a job changes status. The scheduler folds every job event
+through `apply_job_event` (in place, for speed); the Spark fold calls `fold_job` /
+`fold_job_events` (pure: inputs are never mutated) per job over a micro-batch's events in log
+order and MERGEs the result into the Delta `jobs` table. Same code, so the leader and the
+tables cannot disagree about a job.
+
+Transitions (anything else raises InvalidTransition):
+
+    (none)    --enqueued-->        queued       (also over a succeeded/cancelled record:
+                                                  a pruned id submitted again starts anew)
+    queued    --assigned-->        running      attempts += 1
+    running   --reassigned-->      running      attempts += 1, new worker/lease/deadline
+    running   --job_heartbeat-->   running      deadline extended
+    running   --completed-->       succeeded    result recorded
+    running   --requeued-->        queued       error recorded
+    running   --dead_lettered-->   dead         dead_reason and error recorded
+    queued    --cancelled-->       cancelled
+    dead      --redriven-->        queued       attempts reset to 0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from dispatch.core.errors import InvalidTransition
+from dispatch.core.events import (
+    Assigned,
+    Cancelled,
+    Completed,
+    DeadLettered,
+    Enqueued,
+    Event,
+    JobEvent,
+    JobHeartbeat,
+    Reassigned,
+    Redriven,
+    Requeued,
+)
+from dispatch.core.job import JobRecord, JobStatus
+
+_QUEUED = JobStatus.QUEUED
+_RUNNING = JobStatus.RUNNING
+_CANCELLED = JobStatus.CANCELLED
+
+
+def _refuse(job: JobRecord | None, event: JobEvent, why: str) -> InvalidTransition:
+    state = "absent" if job is None else job.status.value
+    return InvalidTransition(f"{event.type} for job {event.job_id!r} ({state}): {why}")
+
+
+def _expect(job: JobRecord | None, event: JobEvent, status: JobStatus) -> JobRecord:
+    if job is None:
+        raise _refuse(job, event, "unknown job")
+    if job.status is not status:
+        raise _refuse(job, event, f"expected a {status.value} job")
+    return job
+
+
+def _expect_current(
+    job: JobRecord | None, event: JobEvent, worker_id: str, attempt: int
+) -> JobRecord:
+    """The event settles or extends the job's current assignment."""
+    job = _expect(job, event, _RUNNING)
+    if attempt != job.attempts or worker_id != job.worker_id:
+        raise _refuse(
+            job,
+            event,
+            f"attempt {attempt} by {worker_id!r} is not the current attempt "
+            f"{job.attempts} by {job.worker_id!r}",
+        )
+    return job
+
+
+def enqueued(job: JobRecord | None, event: Enqueued) -> JobRecord:
+    # A succeeded or cancelled job the leader has pruned may be submitted again: its new
+    # life replaces the old record. Anything else means the leader broke dedup.
+    if job is not None and job.status is not JobStatus.SUCCEEDED and job.status is not _CANCELLED:
+        raise _refuse(job, event, "the job already exists")
+    # Positional: a job is created per submission, and this is twice as fast as keywords.
+    return JobRecord(
+        event.job_id,
+        event.client_id,
+        event.exec,
+        event.payload,
+        event.max_attempts,
+        event.timeout_s,
+        event.at,  # submitted_at
+        event.at,  # updated_at
+        event.seq,
+        _QUEUED,
+        0,  # attempts
+        event.priority,
+        event.not_before,
+    )
+
+
+def assigned(job: JobRecord | None, event: Assigned) -> JobRecord:
+    attempt = event.attempt
+    if (
+        job is None
+        or job.status is not _QUEUED
+        or attempt != job.attempts + 1
+        or attempt > job.max_attempts
+    ):
+        job = _expect(job, event, _QUEUED)
+        raise _refuse(job, event, f"attempt {attempt} after {job.attempts} of {job.max_attempts}")
+    job.status = _RUNNING
+    job.attempts = attempt
+    job.worker_id = event.worker_id
+    job.lease = event.lease
+    job.deadline = event.deadline
+    job.updated_at = event.at
+    return job
+
+
+def reassigned(job: JobRecord | None, event: Reassigned) -> JobRecord:
+    job = _expect_current(job, event, event.previous_worker_id, event.attempt - 1)
+    if event.attempt > job.max_attempts:
+        raise _refuse(job, event, f"attempt {event.attempt} exceeds {job.max_attempts}")
+    job.attempts = event.attempt
+    job.worker_id = event.worker_id
+    job.lease = event.lease
+    job.deadline = event.deadline
+    job.updated_at = event.at
+    return job
+
+
+def job_heartbeat(job: JobRecord | None, event: JobHeartbeat) -> JobRecord:
+    job = _expect_current(job, event, event.worker_id, event.attempt)
+    if event.lease != job.lease:
+        raise _refuse(job, event, "lease mismatch")
+    job.deadline = event.deadline
+    job.updated_at = event.at
+    return job
+
+
+def completed(job: JobRecord | None, event: Completed) -> JobRecord:
+    if (
+        job is None
+        or job.status is not _RUNNING
+        or event.attempt != job.attempts
+        or event.worker_id != job.worker_id
+        or event.lease != job.lease
+    ):
+        job = _expect_current(job, event, event.worker_id, event.attempt)
+        raise _refuse(job, event, "lease mismatch")
+    job.status = JobStatus.SUCCEEDED
+    job.result = event.result
+    # An earlier attempt's error would contradict the outcome a user reads.
+    job.error = None
+    job.deadline = None
+    job.updated_at = event.at
+    return job
+
+
+def requeued(job: JobRecord | None, event: Requeued) -> JobRecord:
+    job = _expect_current(job, event, event.worker_id, event.attempt)
+    if job.attempts >= job.max_attempts:
+        raise _refuse(job, event, "no attempts left: the job must be dead-lettered")
+    job.status = _QUEUED
+    job.worker_id = None
+    job.deadline = None
+    job.error = event.error
+    job.seq = event.seq
+    job.updated_at = event.at
+    return job
+
+
+def dead_lettered(job: JobRecord | None, event: DeadLettered) -> JobRecord:
+    job = _expect_current(job, event, event.worker_id, event.attempt)
+    job.status = JobStatus.DEAD
+    job.dead_reason = event.reason
+    job.error = event.error
+    job.deadline = None
+    job.updated_at = event.at
+    return job
+
+
+def cancelled(job: JobRecord | None, event: Cancelled) -> JobRecord:
+    job = _expect(job, event, _QUEUED)
+    job.status = JobStatus.CANCELLED
+    job.updated_at = event.at
+    return job
+
+
+def redriven(job: JobRecord | None, event: Redriven) -> JobRecord:
+    job = _expect(job, event, JobStatus.DEAD)
+    job.status = _QUEUED
+    job.attempts = 0
+    job.dead_reason = None
+    job.error = None
+    job.worker_id = None
+    job.lease = None
+    job.seq = event.seq
+    job.updated_at = event.at
+    return job
+
+
+# The transitions above are public so the scheduler can call the one it needs directly on
+# its hot paths; `apply_job_event` dispatches on the event type to the same functions.
+_Transition = Callable[[JobRecord | None, JobEvent], JobRecord]
+TRANSITIONS: dict[type[JobEvent], _Transition] = {
+    Enqueued: enqueued,  # type: ignore[dict-item]
+    Assigned: assigned,  # type: ignore[dict-item]
+    Reassigned: reassigned,  # type: ignore[dict-item]
+    JobHeartbeat: job_heartbeat,  # type: ignore[dict-item]
+    Completed: completed,  # type: ignore[dict-item]
+    Requeued: requeued,  # type: ignore[dict-item]
+    DeadLettered: dead_lettered,  # type: ignore[dict-item]
+    Cancelled: cancelled,  # type: ignore[dict-item]
+    Redriven: redriven,  # type: ignore[dict-item]
+}
+"""The transition of each job event type. Each mutates and returns its record (or, for
+`enqueued`, returns a new one)."""
+
+
+def apply_job_event(job: JobRecord | None, event: JobEvent) -> JobRecord:
+    """Fold one job event into `job` IN PLACE and return the record (new for `enqueued`).
+
+    Raises InvalidTransition when the event does not fit the job's state; the record is then
+    unchanged (every check happens before the first assignment).
+    """
+    if job is not None and job.id != event.job_id:
+        raise _refuse(job, event, f"applied to the record of job {job.id!r}")
+    transition = TRANSITIONS.get(type(event))
+    if transition is None:
+        raise _refuse(job, event, "not a job lifecycle event")
+    return transition(job, event)
+
+
+def fold_job(job: JobRecord | None, event: Event) -> JobRecord | None:
+    """Pure: the job's record after `event`. `job` is never mutated.
+
+    Events that are not about a job (worker, leader and prune events) return `job` unchanged,
+    so a caller may pass a mixed stream. None in, `enqueued` event: the new record.
+    """
+    if not isinstance(event, JobEvent):
+        return job
+    return apply_job_event(None if job is None else job.copy(), event)
+
+
+def fold_job_events(job: JobRecord | None, events: Iterable[Event]) -> JobRecord | None:
+    """Pure: fold many events (one job's, in log order) into `job`, copying it once."""
+    current = None if job is None else job.copy()
+    for event in events:
+        if isinstance(event, JobEvent):
+            current = apply_job_event(current, event)
+    return current

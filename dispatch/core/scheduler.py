@@ -1,0 +1,215 @@
+"""The scheduler's decisions: assignment passes, deadlines, silent and lost workers.
+
+Every command of the `Dispatcher` is built on this layer. A command validates its request,
+decides events, folds each through the same handlers `apply` uses (`_emit`) and returns them.
+It takes `now` (unix seconds) from the caller; the core never reads a clock and never draws
+random numbers, so the same inputs give the same events. Time never goes back: a `now` older
+than the latest time seen is treated as that time.
+"""
+
+from __future__ import annotations
+
+from dispatch.core.errors import RejectCode, Rejected
+from dispatch.core.events import (
+    DeadLettered,
+    Event,
+    Reassigned,
+    Requeued,
+    WorkerLost,
+)
+from dispatch.core.fast_events import new_assigned
+from dispatch.core.job import DeadReason, JobRecord, JobStatus, RequeueReason
+from dispatch.core.queries import DispatcherQueries
+from dispatch.core.queues import ExecQueue
+from dispatch.core.workers import WorkerState, pick_worker
+
+_RUNNING = JobStatus.RUNNING
+
+
+class Scheduler(DispatcherQueries):
+    """Decisions shared by all commands (internal base of `Dispatcher`)."""
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def _now(self, now: float) -> float:
+        now = float(now)
+        if now > self._clock:
+            self._advance(now)
+        return self._clock
+
+    def _emit(self, event: Event, out: list[Event]) -> None:
+        # The same handlers as `apply`; the fence is skipped because this core's own epoch
+        # is always admitted.
+        self._handlers[type(event)](event)
+        out.append(event)
+
+    def _lease(self) -> str:
+        return f"{self.fence.epoch}.{self._assign_seq + 1}"
+
+    def _matching(self, queue: ExecQueue) -> list[WorkerState]:
+        workers = queue.workers
+        if workers is None:
+            subject = queue.subject
+            workers = queue.workers = [w for w in self._workers.values() if w.matches(subject)]
+        return workers
+
+    def _job(self, job_id: str) -> JobRecord:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise Rejected(RejectCode.NOT_FOUND, f"no job {job_id!r}", job_id=job_id)
+        return job
+
+    def _known_worker(self, worker_id: str) -> WorkerState:
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            raise Rejected(RejectCode.UNKNOWN_WORKER, f"worker {worker_id!r} has not joined")
+        return worker
+
+    def _lose(self, worker: WorkerState, now: float, reason: str, out: list[Event]) -> None:
+        epoch = self.fence.epoch
+        error = f"worker {worker.worker_id} lost: {reason}"
+        # Latest assignment first: each requeue goes in front of the previous one, so the
+        # job assigned earliest ends up first in line.
+        for job in reversed(list(worker.running.values())):
+            event: Event
+            if job.attempts >= job.max_attempts:
+                event = DeadLettered(
+                    epoch=epoch,
+                    at=now,
+                    job_id=job.id,
+                    reason=DeadReason.WORKER_LOST,
+                    worker_id=worker.worker_id,
+                    attempt=job.attempts,
+                    error=error,
+                )
+            else:
+                event = Requeued(
+                    epoch=epoch,
+                    at=now,
+                    job_id=job.id,
+                    reason=RequeueReason.WORKER_LOST,
+                    worker_id=worker.worker_id,
+                    attempt=job.attempts,
+                    error=error,
+                    seq=self._front_seq,
+                )
+            self._emit(event, out)
+        self._emit(WorkerLost(epoch=epoch, at=now, worker_id=worker.worker_id, reason=reason), out)
+
+    # --- time and assignment ---------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Event]:
+        """Advance time to `now`: release delayed jobs, lose silent workers (requeueing their
+        jobs), handle passed deadlines (reassign or dead-letter), then run an assignment pass.
+        Cost: proportional to what is due, not to the number of jobs held."""
+        now = self._now(now)
+        out: list[Event] = []
+        expiry_s = self.config.worker_expiry_s
+        expiry = self._expiry
+        if expiry_s is not None and expiry.heap and expiry.heap[0][0] <= now:
+            for worker in expiry.pop_silent(now, expiry_s, self._workers):
+                self._lose(worker, now, f"silent for {expiry_s:g}s", out)
+        deadlines = self._deadlines
+        if deadlines.heap and deadlines.heap[0][0] <= now:
+            for job in deadlines.pop_expired(now):
+                self._expire(job, now, out)
+        self._dispatch(now, out)
+        return out
+
+    def _expire(self, job: JobRecord, now: float, out: list[Event]) -> None:
+        """The job's deadline passed: reassign it, preferably to another matching worker with
+        credit, else to the same worker (which keeps the timed-out attempt's slot), with
+        attempt + 1; dead-letter it if that was its last attempt."""
+        epoch = self.fence.epoch
+        worker = self._workers[job.worker_id or ""]
+        attempt = job.attempts
+        error = f"attempt {attempt} of {job.max_attempts} timed out on worker {worker.worker_id}"
+        if attempt >= job.max_attempts:
+            self._emit(
+                DeadLettered(
+                    epoch=epoch,
+                    at=now,
+                    job_id=job.id,
+                    reason=DeadReason.ACK_TIMEOUT,
+                    worker_id=worker.worker_id,
+                    attempt=attempt,
+                    error=error,
+                ),
+                out,
+            )
+            return
+        queue = self._queues[job.exec]
+        target = pick_worker(self._matching(queue), exclude=worker)
+        if target is None and worker.matches(queue.subject):
+            target = worker
+        if target is None:
+            # Only a worker whose subjects changed (or a placeholder after a restore) gets
+            # here: nobody can take the job now, so it waits in its queue.
+            event: Event = Requeued(
+                epoch=epoch,
+                at=now,
+                job_id=job.id,
+                reason=RequeueReason.TIMEOUT,
+                worker_id=worker.worker_id,
+                attempt=attempt,
+                error=error,
+                seq=self._front_seq,
+            )
+        else:
+            event = Reassigned(
+                epoch=epoch,
+                at=now,
+                job_id=job.id,
+                worker_id=target.worker_id,
+                previous_worker_id=worker.worker_id,
+                attempt=attempt + 1,
+                lease=self._lease(),
+                deadline=now + self.config.ack_timeout(job.timeout_s, attempt + 1),
+            )
+        self._emit(event, out)
+
+    def dispatch(self, now: float) -> list[Event]:
+        """Run an assignment pass (after commands called with `dispatch=False`)."""
+        now = self._now(now)
+        out: list[Event] = []
+        self._dispatch(now, out)
+        return out
+
+    def _dispatch(self, now: float, out: list[Event]) -> None:
+        """Assign until no exec queue has both a ready job (of a client under its cap) and a
+        matching worker with credit. Exec queues take turns (round-robin); a queue found
+        unservable leaves the rotation until a job, a worker or credit wakes it, so the pass
+        costs O(assignments + queues that changed), not O(queues)."""
+        rotation = self._rotation
+        epoch = self.fence.epoch
+        on_assigned = self._on_assigned
+        while rotation:
+            queue = rotation[0]
+            worker = None
+            if queue.ready:
+                workers = queue.workers
+                if workers is None:
+                    workers = self._matching(queue)
+                worker = pick_worker(workers)
+            job = queue.next_job() if worker is not None else None
+            if worker is None or job is None:
+                rotation.popleft()
+                queue.in_rotation = False
+                continue
+            attempt = job.attempts + 1
+            timeout = (
+                job.timeout_s if attempt == 1 else self.config.ack_timeout(job.timeout_s, attempt)
+            )
+            event = new_assigned(
+                epoch,
+                now,
+                job.id,
+                worker.worker_id,
+                attempt,
+                f"{epoch}.{self._assign_seq + 1}",
+                now + timeout,
+            )
+            on_assigned(event)
+            out.append(event)
+            if rotation and rotation[0] is queue:
+                rotation.rotate(-1)

@@ -1,0 +1,224 @@
+"""Settling assignments: ack, fail and heartbeat, keyed by (job id, attempt, lease).
+
+A settlement for the job's current assignment applies; the exact repeat of one that already
+applied (same attempt and lease, same outcome) answers with no events, so a worker may retry
+safely; anything else is refused: `stale_lease` when the attempt/lease is not the job's
+latest, `already_settled` when it is but that attempt ended another way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dispatch.core.errors import RejectCode, Rejected
+from dispatch.core.events import (
+    DeadLettered,
+    Event,
+    JobHeartbeat,
+    Requeued,
+)
+from dispatch.core.fast_events import new_completed
+from dispatch.core.job import DeadReason, JobRecord, JobStatus, RequeueReason
+from dispatch.core.scheduler import Scheduler
+
+_RUNNING = JobStatus.RUNNING
+
+
+class SettlementCommands(Scheduler):
+    """What a worker reports about a job it holds."""
+
+    def _current(
+        self,
+        job_id: str,
+        attempt: int,
+        lease: str,
+        worker_id: str | None,
+        *,
+        repeat_of: JobStatus | None,
+        repeat_reasons: frozenset[DeadReason] = frozenset(),
+    ) -> JobRecord | None:
+        """The job if (attempt, lease, worker) is its current assignment; None if this exact
+        settlement was already applied (an idempotent repeat); Rejected otherwise."""
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+            raise Rejected(
+                RejectCode.INVALID, f"attempt: expected an integer >= 1, got {attempt!r}"
+            )
+        if not isinstance(lease, str) or not lease:
+            raise Rejected(RejectCode.INVALID, f"lease: expected a non-empty string, got {lease!r}")
+        job = self._job(job_id)
+        same_assignment = attempt == job.attempts and lease == job.lease
+        if same_assignment and (worker_id is None or worker_id == job.worker_id):
+            if job.status is _RUNNING:
+                return job
+            if job.status is repeat_of and (
+                repeat_of is not JobStatus.DEAD or job.dead_reason in repeat_reasons
+            ):
+                return None
+            outcome = job.status.value
+            if job.dead_reason is not None:
+                outcome += f" ({job.dead_reason.value})"
+            raise Rejected(
+                RejectCode.ALREADY_SETTLED,
+                f"attempt {attempt} of job {job_id!r} has already ended: the job is {outcome}",
+                job_id=job_id,
+            )
+        if job.status is _RUNNING:
+            holder = f"attempt {job.attempts} by worker {job.worker_id!r}"
+        else:
+            holder = f"no attempt (the job is {job.status.value})"
+        raise Rejected(
+            RejectCode.STALE_LEASE,
+            f"attempt {attempt} with lease {lease!r}"
+            + (f" by worker {worker_id!r}" if worker_id is not None else "")
+            + f" does not hold job {job_id!r}; it is held by {holder}",
+            job_id=job_id,
+        )
+
+    def ack(
+        self,
+        job_id: str,
+        attempt: int,
+        lease: str,
+        now: float,
+        *,
+        result: Any = None,
+        worker_id: str | None = None,
+    ) -> list[Event]:
+        """The worker finished the job (`completed`, with its result). Repeating the same ack
+        after success returns [] (read the outcome with `job(id)`)."""
+        job = self._jobs.get(job_id)
+        if (
+            job is None
+            or job.status is not _RUNNING
+            or attempt != job.attempts
+            or lease != job.lease
+            or (worker_id is not None and worker_id != job.worker_id)
+        ):
+            job = self._current(job_id, attempt, lease, worker_id, repeat_of=JobStatus.SUCCEEDED)
+            if job is None:
+                return []
+        now = float(now)
+        if now > self._clock:
+            self._advance(now)
+        now = self._clock
+        event = new_completed(
+            self.fence.epoch, now, job_id, job.worker_id or "", attempt, lease, result
+        )
+        self._on_completed(event)
+        out: list[Event] = [event]
+        if self._rotation:
+            self._dispatch(now, out)
+        return out
+
+    def ack_many(
+        self, acks: Iterable[tuple[str, int, str, Any]], now: float
+    ) -> tuple[list[Event], list[Rejected]]:
+        """Settle many successes at once: `acks` holds (job_id, attempt, lease, result).
+
+        Returns (events, rejections): one `completed` per accepted ack (none for idempotent
+        repeats), then the assignments of a single pass; an invalid ack does not stop the
+        others, its `Rejected` (with `job_id`) is in the second list.
+        """
+        now = float(now)
+        if now > self._clock:
+            self._advance(now)
+        now = self._clock
+        epoch = self.fence.epoch
+        jobs = self._jobs
+        on_completed = self._on_completed
+        out: list[Event] = []
+        rejected: list[Rejected] = []
+        for job_id, attempt, lease, result in acks:
+            job = jobs.get(job_id)
+            if (
+                job is None
+                or job.status is not _RUNNING
+                or attempt != job.attempts
+                or lease != job.lease
+            ):
+                try:
+                    job = self._current(job_id, attempt, lease, None, repeat_of=JobStatus.SUCCEEDED)
+                except Rejected as rejection:
+                    rejected.append(rejection)
+                    continue
+                if job is None:
+                    continue
+            event = new_completed(epoch, now, job_id, job.worker_id or "", attempt, lease, result)
+            on_completed(event)
+            out.append(event)
+        if self._rotation:
+            self._dispatch(now, out)
+        return out, rejected
+
+    def fail(
+        self,
+        job_id: str,
+        attempt: int,
+        lease: str,
+        now: float,
+        *,
+        error: str = "",
+        retryable: bool = True,
+        worker_id: str | None = None,
+    ) -> list[Event]:
+        """The attempt failed. Permanent: dead-letter at once. Retryable: requeue (in front of
+        its client's later jobs) for attempt + 1, or dead-letter if no attempt is left.
+        Repeating a failure that dead-lettered the job returns []."""
+        repeat = frozenset({DeadReason.PERMANENT_FAILURE, DeadReason.RETRIES_EXHAUSTED})
+        job = self._current(
+            job_id, attempt, lease, worker_id, repeat_of=JobStatus.DEAD, repeat_reasons=repeat
+        )
+        if job is None:
+            return []
+        now = self._now(now)
+        holder = job.worker_id or ""
+        out: list[Event] = []
+        event: Event
+        if not retryable or job.attempts >= job.max_attempts:
+            reason = DeadReason.RETRIES_EXHAUSTED if retryable else DeadReason.PERMANENT_FAILURE
+            event = DeadLettered(
+                epoch=self.fence.epoch,
+                at=now,
+                job_id=job_id,
+                reason=reason,
+                worker_id=holder,
+                attempt=attempt,
+                error=error,
+            )
+        else:
+            event = Requeued(
+                epoch=self.fence.epoch,
+                at=now,
+                job_id=job_id,
+                reason=RequeueReason.FAILED,
+                worker_id=holder,
+                attempt=attempt,
+                error=error,
+                seq=self._front_seq,
+            )
+        self._emit(event, out)
+        self._dispatch(now, out)
+        return out
+
+    def heartbeat(
+        self, job_id: str, attempt: int, lease: str, now: float, *, worker_id: str | None = None
+    ) -> list[Event]:
+        """The worker is still on the job: its deadline becomes now + the attempt's timeout
+        (never earlier than it was). Also counts as the worker's heartbeat."""
+        job = self._current(job_id, attempt, lease, worker_id, repeat_of=None)
+        assert job is not None and job.deadline is not None  # a running job has a deadline
+        now = self._now(now)
+        extended = now + self.config.ack_timeout(job.timeout_s, job.attempts)
+        out: list[Event] = []
+        event = JobHeartbeat(
+            epoch=self.fence.epoch,
+            at=now,
+            job_id=job_id,
+            worker_id=job.worker_id or "",
+            attempt=attempt,
+            lease=lease,
+            deadline=max(job.deadline, extended),
+        )
+        self._emit(event, out)
+        return out

@@ -1,0 +1,389 @@
+"""The dispatcher's state and the fold of facts into it (`apply`).
+
+`DispatcherState.apply(event)` is the one way state changes: the live leader's commands (see
+`dispatch.core.dispatcher`) decide an event and fold it through the same handlers; a rebuild
+and tests fold logged events with `apply`. Job status changes go through the per-job reducer
+(`dispatch.core.reducer`); this layer keeps the indexes around it consistent: exec queues,
+workers and their credit, per-client in-flight counts, the deadline and delay heaps, the DLQ.
+
+Replay never decides anything, and tolerates one gap: a restored snapshot does not hold
+worker credit or subjects, so an event naming an unknown worker creates a placeholder worker
+(no subjects, no credit) and credit never goes below zero.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from dispatch.core import reducer
+from dispatch.core.config import CoreConfig
+from dispatch.core.errors import InvalidTransition
+from dispatch.core.events import (
+    Assigned,
+    Cancelled,
+    Completed,
+    CreditGranted,
+    DeadLettered,
+    Enqueued,
+    Event,
+    JobHeartbeat,
+    LeaderElected,
+    Pruned,
+    Reassigned,
+    Redriven,
+    Requeued,
+    WorkerHeartbeat,
+    WorkerJoined,
+    WorkerLost,
+)
+from dispatch.core.fence import EpochFence
+from dispatch.core.job import DeadReason, JobRecord, JobStatus, RequeueReason
+from dispatch.core.queues import ClientState, ExecQueue, unpark
+from dispatch.core.timers import DeadlineHeap, DelayHeap, ExpiryHeap
+from dispatch.core.workers import WorkerState
+
+_QUEUED = JobStatus.QUEUED
+_RUNNING = JobStatus.RUNNING
+_QUEUED_KEY = "queued"
+_RUNNING_KEY = "running"
+# Outcomes reported by the worker itself (so they prove it is alive).
+_WORKER_REPORTED_DEATHS = frozenset({DeadReason.PERMANENT_FAILURE, DeadReason.RETRIES_EXHAUSTED})
+
+
+class DispatcherState:
+    """All state of one dispatcher group, and `apply`. Not thread-safe: one caller at a time."""
+
+    def __init__(self, config: CoreConfig | None = None, *, epoch: int = 0) -> None:
+        self.config = config if config is not None else CoreConfig()
+        self.fence = EpochFence(epoch)
+        self._jobs: dict[str, JobRecord] = {}
+        self._workers: dict[str, WorkerState] = {}
+        self._clients: dict[str, ClientState] = {}
+        self._queues: dict[str, ExecQueue] = {}
+        self._rotation: deque[ExecQueue] = deque()
+        """Exec queues that may be servable, in round-robin order."""
+        self._deadlines = DeadlineHeap()
+        self._delays = DelayHeap()
+        self._expiry = ExpiryHeap()
+        self._dead: dict[str, JobRecord] = {}
+        """The dead-letter queue, in dead-lettering order."""
+        self._finished: deque[JobRecord] = deque()
+        """Succeeded and cancelled jobs in the order they finished (for `prune`)."""
+        # Keyed by the status *value*: hashing a str is done in C, hashing an Enum member is not.
+        self._counts: dict[str, int] = dict.fromkeys([status.value for status in JobStatus], 0)
+        self._delayed = 0
+        self._assign_seq = 0
+        """Assignments folded so far; the next lease is f"{epoch}.{_assign_seq + 1}"."""
+        self._next_seq = 1
+        """Queue position of the next submission or redrive."""
+        self._front_seq = -1
+        """Queue position of the next requeue (ahead of everything queued so far)."""
+        self._clock = 0.0
+        """The latest time seen (command `now` or event `at`); never goes back."""
+        self._handlers: dict[type[Event], Callable[[Any], None]] = {
+            LeaderElected: self._on_leader_elected,
+            Pruned: self._on_pruned,
+            WorkerJoined: self._on_worker_joined,
+            CreditGranted: self._on_credit_granted,
+            WorkerHeartbeat: self._on_worker_heartbeat,
+            WorkerLost: self._on_worker_lost,
+            Enqueued: self._on_enqueued,
+            Assigned: self._on_assigned,
+            Reassigned: self._on_reassigned,
+            JobHeartbeat: self._on_job_heartbeat,
+            Completed: self._on_completed,
+            Requeued: self._on_requeued,
+            DeadLettered: self._on_dead_lettered,
+            Cancelled: self._on_cancelled,
+            Redriven: self._on_redriven,
+        }
+
+    # --- folding facts -------------------------------------------------------------------
+
+    def apply(self, event: Event) -> bool:
+        """Fold one logged event. False when the epoch fence voids it (nothing changes).
+
+        Raises InvalidTransition when the event contradicts the state (a corrupt or foreign
+        log); the state is then unchanged.
+        """
+        if not self.fence.admit(event):
+            return False
+        if event.at > self._clock:
+            self._advance(event.at)
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            raise InvalidTransition(f"not an event: {event!r}")
+        handler(event)
+        return True
+
+    def apply_all(self, events: Iterable[Event]) -> int:
+        """Fold events in order; returns how many the fence admitted."""
+        return sum(1 for event in events if self.apply(event))
+
+    def _advance(self, now: float) -> None:
+        """Move the clock forward; delayed jobs whose time has come become ready."""
+        self._clock = now
+        delays = self._delays
+        if delays.heap and delays.heap[0][0] <= now:
+            for job in delays.pop_due(now):
+                queue = self._queues[job.exec]
+                queue.delayed -= 1
+                self._delayed -= 1
+                self._ready(job, queue)
+
+    def _queue(self, exec_name: str) -> ExecQueue:
+        queue = self._queues.get(exec_name)
+        if queue is None:
+            queue = self._queues[exec_name] = ExecQueue(exec_name)
+        return queue
+
+    def _client(self, client_id: str) -> ClientState:
+        client = self._clients.get(client_id)
+        if client is None:
+            client = self._clients[client_id] = ClientState(
+                client_id, self.config.cap_for(client_id)
+            )
+        return client
+
+    def _place(self, job: JobRecord, queue: ExecQueue) -> None:
+        """Put a queued job where it waits: the delay heap or its lane."""
+        not_before = job.not_before
+        if not_before is not None and not_before > self._clock:
+            self._delayed += 1
+            queue.delayed += 1
+            self._delays.push(job, self._delayed)
+        else:
+            self._ready(job, queue)
+
+    def _ready(self, job: JobRecord, queue: ExecQueue) -> None:
+        if queue.push(job, self._client(job.client_id)) and not queue.in_rotation:
+            queue.in_rotation = True
+            self._rotation.append(queue)
+
+    def _is_delayed(self, job: JobRecord) -> bool:
+        return job.not_before is not None and job.not_before > self._clock
+
+    def _unpark(self, client: ClientState) -> None:
+        """The client went under its cap: its parked lanes' queues are servable again."""
+        for lane in unpark(client):
+            queue = lane.level.queue
+            if not queue.in_rotation:
+                queue.in_rotation = True
+                self._rotation.append(queue)
+
+    def _wake(self, worker: WorkerState) -> None:
+        """The worker can take jobs: every queue it matches that has ready jobs is servable."""
+        for queue in self._queues.values():
+            if not queue.in_rotation and queue.ready and worker.matches(queue.subject):
+                queue.in_rotation = True
+                self._rotation.append(queue)
+
+    def _worker_for(self, worker_id: str, at: float) -> WorkerState:
+        """The named worker; a placeholder if a restored snapshot did not know it."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            worker = self._add_worker(worker_id, (), at)
+        return worker
+
+    def _add_worker(self, worker_id: str, subjects: tuple[str, ...], at: float) -> WorkerState:
+        worker = self._workers[worker_id] = WorkerState(worker_id, subjects, at)
+        expiry = self.config.worker_expiry_s
+        if expiry is not None:
+            self._expiry.push(at + expiry, worker)
+        self._forget_matches()
+        return worker
+
+    def _forget_matches(self) -> None:
+        for queue in self._queues.values():
+            queue.workers = None
+
+    def _bump_seq(self, seq: int) -> None:
+        if seq >= self._next_seq:
+            self._next_seq = seq + 1
+        if seq <= self._front_seq:
+            self._front_seq = seq - 1
+
+    def _stop_running(self, job: JobRecord, worker_id: str, at: float, alive: bool) -> None:
+        """Bookkeeping for a job that stopped running (before it is requeued or finished)."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.running.pop(job.id, None)
+            if alive:
+                worker.last_seen = at
+        self._queues[job.exec].running -= 1
+        self._counts[_RUNNING_KEY] -= 1
+        client = self._clients[job.client_id]
+        client.inflight -= 1
+        if client.parked and client.inflight < client.cap:
+            self._unpark(client)
+
+    # --- handlers: leader and workers ----------------------------------------------------
+
+    def _on_leader_elected(self, event: LeaderElected) -> None:
+        # The fence already raised the epoch; nothing else changes.
+        pass
+
+    def _on_pruned(self, event: Pruned) -> None:
+        finished = self._finished
+        jobs = self._jobs
+        counts = self._counts
+        while finished and finished[0].updated_at <= event.before:
+            job = finished.popleft()
+            if jobs.get(job.id) is job:
+                del jobs[job.id]
+                counts[job.status.value] -= 1
+
+    def _on_worker_joined(self, event: WorkerJoined) -> None:
+        worker = self._workers.get(event.worker_id)
+        if worker is None:
+            worker = self._add_worker(event.worker_id, event.subjects, event.at)
+        else:
+            worker.last_seen = event.at
+            if worker.subjects != event.subjects:
+                worker.set_subjects(event.subjects)
+                self._forget_matches()
+        if worker.credit > 0:
+            self._wake(worker)
+
+    def _on_credit_granted(self, event: CreditGranted) -> None:
+        worker = self._worker_for(event.worker_id, event.at)
+        worker.credit = event.credits if event.replace else worker.credit + event.credits
+        worker.last_seen = event.at
+        if worker.credit > 0:
+            self._wake(worker)
+
+    def _on_worker_heartbeat(self, event: WorkerHeartbeat) -> None:
+        self._worker_for(event.worker_id, event.at).last_seen = event.at
+
+    def _on_worker_lost(self, event: WorkerLost) -> None:
+        worker = self._workers.get(event.worker_id)
+        if worker is None:
+            return
+        if worker.running:
+            raise InvalidTransition(
+                f"worker_lost for {event.worker_id!r}, which still holds {len(worker.running)} "
+                "job(s): their requeued/dead_lettered events must come first"
+            )
+        del self._workers[event.worker_id]
+        self._forget_matches()
+
+    # --- handlers: jobs ------------------------------------------------------------------
+
+    def _on_enqueued(self, event: Enqueued) -> None:
+        jobs = self._jobs
+        previous = jobs.get(event.job_id)
+        job = reducer.enqueued(previous, event)
+        if previous is not None:
+            # Only a snapshot holding a job the old leader had pruned gets here.
+            self._counts[previous.status.value] -= 1
+        # Share one string object per exec and client: it matters with a million jobs.
+        queue = self._queues.get(event.exec) or self._queue(event.exec)
+        client = self._clients.get(event.client_id) or self._client(event.client_id)
+        job.exec = queue.exec
+        job.client_id = client.client_id
+        jobs[job.id] = job
+        self._counts[_QUEUED_KEY] += 1
+        seq = event.seq
+        if seq >= self._next_seq:
+            self._next_seq = seq + 1
+        else:
+            self._bump_seq(seq)
+        not_before = job.not_before
+        if not_before is None or not_before <= self._clock:
+            if queue.push(job, client) and not queue.in_rotation:
+                queue.in_rotation = True
+                self._rotation.append(queue)
+        else:
+            self._place(job, queue)
+
+    def _on_assigned(self, event: Assigned) -> None:
+        job = self._jobs.get(event.job_id)
+        not_before = None if job is None else job.not_before
+        delayed = not_before is not None and not_before > self._clock
+        job = reducer.assigned(job, event)
+        queue = self._queues[job.exec]
+        if delayed:
+            # Only a log from a faster clock gets here: the job is still in the delay heap.
+            self._delays.remove(job)
+            self._delayed -= 1
+            queue.delayed -= 1
+        else:
+            queue.take(job)
+        queue.running += 1
+        counts = self._counts
+        counts[_QUEUED_KEY] -= 1
+        counts[_RUNNING_KEY] += 1
+        worker = self._workers.get(event.worker_id) or self._worker_for(event.worker_id, event.at)
+        worker.running[job.id] = job
+        if worker.credit > 0:
+            worker.credit -= 1
+        self._clients[job.client_id].inflight += 1
+        self._assign_seq += 1
+        self._deadlines.push(event.deadline, job, counts[_RUNNING_KEY])
+
+    def _on_reassigned(self, event: Reassigned) -> None:
+        job = reducer.reassigned(self._jobs.get(event.job_id), event)
+        previous = self._workers.get(event.previous_worker_id)
+        worker = self._worker_for(event.worker_id, event.at)
+        if worker is not previous:
+            if previous is not None:
+                previous.running.pop(job.id, None)
+            worker.running[job.id] = job
+            if worker.credit > 0:
+                worker.credit -= 1
+        self._assign_seq += 1
+        self._deadlines.push(event.deadline, job, self._counts[_RUNNING_KEY])
+
+    def _on_job_heartbeat(self, event: JobHeartbeat) -> None:
+        job = self._jobs.get(event.job_id)
+        previous_deadline = None if job is None else job.deadline
+        job = reducer.job_heartbeat(job, event)
+        self._worker_for(event.worker_id, event.at).last_seen = event.at
+        if event.deadline != previous_deadline:
+            self._deadlines.push(event.deadline, job, self._counts[_RUNNING_KEY])
+
+    def _on_completed(self, event: Completed) -> None:
+        job = reducer.completed(self._jobs.get(event.job_id), event)
+        self._stop_running(job, event.worker_id, event.at, alive=True)
+        self._counts["succeeded"] += 1
+        self._finished.append(job)
+
+    def _on_requeued(self, event: Requeued) -> None:
+        job = reducer.requeued(self._jobs.get(event.job_id), event)
+        alive = event.reason is RequeueReason.FAILED
+        self._stop_running(job, event.worker_id, event.at, alive)
+        self._counts[_QUEUED_KEY] += 1
+        self._bump_seq(event.seq)
+        self._place(job, self._queues[job.exec])
+
+    def _on_dead_lettered(self, event: DeadLettered) -> None:
+        job = reducer.dead_lettered(self._jobs.get(event.job_id), event)
+        alive = event.reason in _WORKER_REPORTED_DEATHS
+        self._stop_running(job, event.worker_id, event.at, alive)
+        self._counts["dead"] += 1
+        self._dead[job.id] = job
+
+    def _on_cancelled(self, event: Cancelled) -> None:
+        job = self._jobs.get(event.job_id)
+        delayed = job is not None and job.status is _QUEUED and self._is_delayed(job)
+        job = reducer.cancelled(job, event)
+        queue = self._queues[job.exec]
+        if delayed:
+            # Its delay-heap entry is void now (the job is no longer queued).
+            self._delayed -= 1
+            queue.delayed -= 1
+        else:
+            queue.forget(job)
+        self._counts[_QUEUED_KEY] -= 1
+        self._counts["cancelled"] += 1
+        self._finished.append(job)
+
+    def _on_redriven(self, event: Redriven) -> None:
+        job = reducer.redriven(self._jobs.get(event.job_id), event)
+        del self._dead[job.id]
+        self._counts["dead"] -= 1
+        self._counts[_QUEUED_KEY] += 1
+        self._bump_seq(event.seq)
+        self._place(job, self._queues[job.exec])

@@ -1,0 +1,92 @@
+"""Worker commands: join, credit, heartbeat, loss."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dispatch.core import _validate as v
+from dispatch.core.errors import RejectCode, Rejected
+from dispatch.core.events import (
+    CreditGranted,
+    Event,
+    WorkerHeartbeat,
+    WorkerJoined,
+)
+from dispatch.core.scheduler import Scheduler
+from dispatch.core.subjects import validate_patterns
+
+MAX_CREDITS = 1_000_000
+"""Most credit one grant may carry (a guard against typos such as 10**12)."""
+
+
+class WorkerCommands(Scheduler):
+    """What a worker (or the API on its behalf) tells the dispatcher."""
+
+    def join(self, worker_id: str, subjects: Sequence[str], now: float) -> list[Event]:
+        """Register a worker, or update a known one's subject patterns (its credit and running
+        jobs are kept, so joining again is harmless)."""
+        try:
+            v.as_id(worker_id, "worker_id")
+            patterns = validate_patterns(subjects)
+        except ValueError as error:
+            raise Rejected(RejectCode.INVALID, str(error)) from None
+        now = self._now(now)
+        out: list[Event] = []
+        self._emit(
+            WorkerJoined(epoch=self.fence.epoch, at=now, worker_id=worker_id, subjects=patterns),
+            out,
+        )
+        self._dispatch(now, out)
+        return out
+
+    def grant_credit(
+        self, worker_id: str, credits: int, now: float, *, replace: bool = False
+    ) -> list[Event]:
+        """The worker can take `credits` more jobs; with `replace`, exactly `credits` jobs
+        (what a REST poller means by "I have room for N"). Assigning spends credit; acks do
+        not return it."""
+        self._known_worker(worker_id)
+        minimum = 0 if replace else 1
+        if (
+            isinstance(credits, bool)
+            or not isinstance(credits, int)
+            or not minimum <= credits <= MAX_CREDITS
+        ):
+            raise Rejected(
+                RejectCode.INVALID,
+                f"credits: expected an integer in [{minimum}, {MAX_CREDITS}], got {credits!r}",
+            )
+        now = self._now(now)
+        out: list[Event] = []
+        self._emit(
+            CreditGranted(
+                epoch=self.fence.epoch,
+                at=now,
+                worker_id=worker_id,
+                credits=credits,
+                replace=replace,
+            ),
+            out,
+        )
+        self._dispatch(now, out)
+        return out
+
+    def worker_heartbeat(self, worker_id: str, now: float) -> list[Event]:
+        """The worker is alive (resets its expiry)."""
+        self._known_worker(worker_id)
+        now = self._now(now)
+        out: list[Event] = []
+        self._emit(WorkerHeartbeat(epoch=self.fence.epoch, at=now, worker_id=worker_id), out)
+        return out
+
+    def lose_worker(
+        self, worker_id: str, now: float, *, reason: str = "disconnected"
+    ) -> list[Event]:
+        """The worker is gone: requeue every job it holds at once (a job on its last allowed
+        attempt is dead-lettered instead), then forget the worker."""
+        worker = self._known_worker(worker_id)
+        now = self._now(now)
+        out: list[Event] = []
+        self._lose(worker, now, reason, out)
+        self._dispatch(now, out)
+        return out

@@ -1,0 +1,369 @@
+"""A small, obviously-correct model of the dispatcher, for the stateful property test.
+
+It is written for clarity, not speed: plain dicts and lists, a regex subject matcher, and
+linear scans. It does not pick assignments itself (the core decides among equally valid
+choices, e.g. which client's turn it is); instead it *checks* every event the core emits
+against the rules of SPEC.md before folding it, and predicts every outcome that the rules fix
+(rejections, requeue or dead-letter, deadlines, queue positions).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from dispatch.core import (
+    Assigned,
+    Cancelled,
+    Completed,
+    CoreConfig,
+    CreditGranted,
+    DeadLettered,
+    Enqueued,
+    Event,
+    JobHeartbeat,
+    LeaderElected,
+    Pruned,
+    Reassigned,
+    Redriven,
+    Requeued,
+    WorkerHeartbeat,
+    WorkerJoined,
+    WorkerLost,
+)
+
+
+def pattern_matches(pattern: str, subject: str) -> bool:
+    """NATS matching by regex: `*` is one token, a final `>` is one or more tokens."""
+    parts = []
+    for token in pattern.split("."):
+        if token == "*":
+            parts.append(r"[^.]+")
+        elif token == ">":
+            parts.append(r".+")
+        else:
+            parts.append(re.escape(token))
+    return re.fullmatch(r"\.".join(parts), subject) is not None
+
+
+def backoff(first: float, attempt: int, config: CoreConfig) -> float:
+    return min(
+        first * config.backoff_multiplier ** (attempt - 1),
+        max(config.max_ack_timeout_s, first),
+    )
+
+
+@dataclass
+class MJob:
+    id: str
+    client: str
+    exec: str
+    priority: int
+    not_before: float | None
+    max_attempts: int
+    timeout_s: float
+    seq: int
+    updated_at: float
+    status: str = "queued"
+    attempts: int = 0
+    worker: str | None = None
+    lease: str | None = None
+    deadline: float | None = None
+    result: Any = None
+    error: str | None = None
+    dead_reason: str | None = None
+
+
+@dataclass
+class MWorker:
+    id: str
+    subjects: tuple[str, ...]
+    last_seen: float
+    credit: int = 0
+    running: list[str] = field(default_factory=list)
+
+
+class Model:
+    def __init__(self, config: CoreConfig) -> None:
+        self.config = config
+        self.jobs: dict[str, MJob] = {}
+        self.workers: dict[str, MWorker] = {}
+        self.clock = 0.0
+        self.epoch = 0
+        self.next_seq = 1
+        self.front_seq = -1
+        self.leases: set[str] = set()
+
+    # --- questions the rules answer -------------------------------------------------------
+
+    def cap(self, client: str) -> int:
+        return self.config.caps.get(client, self.config.default_cap)
+
+    def inflight(self, client: str) -> int:
+        return sum(1 for j in self.jobs.values() if j.status == "running" and j.client == client)
+
+    def is_ready(self, job: MJob) -> bool:
+        return job.status == "queued" and (job.not_before is None or job.not_before <= self.clock)
+
+    def matches(self, worker: MWorker, exec_name: str) -> bool:
+        return any(pattern_matches(p, f"job.assign.{exec_name}") for p in worker.subjects)
+
+    def best_worker(self, exec_name: str, exclude: str | None = None) -> MWorker | None:
+        candidates = [
+            w
+            for w in self.workers.values()
+            if w.credit > 0 and w.id != exclude and self.matches(w, exec_name)
+        ]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda w: (len(w.running), -w.credit, w.id))
+
+    def servable(self, job: MJob) -> bool:
+        return self.is_ready(job) and self.inflight(job.client) < self.cap(job.client)
+
+    def silent(self, worker: MWorker) -> bool:
+        expiry = self.config.worker_expiry_s
+        return expiry is not None and worker.last_seen + expiry <= self.clock
+
+    def timeout(self, job: MJob, attempt: int) -> float:
+        return backoff(job.timeout_s, attempt, self.config)
+
+    # --- checks after a command -----------------------------------------------------------
+
+    def check_work_conserving(self) -> None:
+        for job in self.jobs.values():
+            if self.servable(job):
+                assert self.best_worker(job.exec) is None, (
+                    f"{job.id} waits although worker {self.best_worker(job.exec)} could take it"
+                )
+
+    def check_timers_done(self) -> None:
+        for job in self.jobs.values():
+            if job.status == "running":
+                assert job.deadline is not None and job.deadline > self.clock, job
+        for worker in self.workers.values():
+            assert not self.silent(worker), f"silent worker {worker.id} was kept"
+
+    # --- folding the core's events, each checked against the rules ------------------------
+
+    def absorb(self, event: Event, context: str, subject: str | None = None) -> None:
+        """Check `event` is legal here (`context`: which command emitted it; `subject`: the
+        job or worker the command was about), then fold it."""
+        assert event.epoch == self.epoch, event
+        assert event.at == self.clock, (event, self.clock)
+        handler = getattr(self, f"_absorb_{event.type}")
+        handler(event, context, subject)
+
+    def _take_lease(self, lease: str) -> None:
+        assert lease not in self.leases, f"lease {lease} reused"
+        assert lease.startswith(f"{self.epoch}."), lease
+        self.leases.add(lease)
+
+    def _absorb_enqueued(self, event: Enqueued, context: str, subject: str | None) -> None:
+        assert context == "submit" and subject in (None, event.job_id)
+        old = self.jobs.get(event.job_id)
+        assert old is None, f"{event.job_id} enqueued twice"
+        assert event.seq == self.next_seq
+        self.next_seq += 1
+        self.jobs[event.job_id] = MJob(
+            id=event.job_id,
+            client=event.client_id,
+            exec=event.exec,
+            priority=event.priority,
+            not_before=event.not_before,
+            max_attempts=event.max_attempts,
+            timeout_s=event.timeout_s,
+            seq=event.seq,
+            updated_at=event.at,
+        )
+
+    def _absorb_assigned(self, event: Assigned, context: str, subject: str | None) -> None:
+        job = self.jobs[event.job_id]
+        assert self.is_ready(job), f"{job.id} assigned while not ready: {job}"
+        assert event.attempt == job.attempts + 1 <= job.max_attempts
+        worker = self.workers[event.worker_id]
+        assert worker.credit > 0, "assigned to a worker without credit"
+        assert self.matches(worker, job.exec), "assigned to a worker whose subjects do not match"
+        assert self.inflight(job.client) < self.cap(job.client), "client over its cap"
+        best = self.best_worker(job.exec)
+        assert best is not None and best.id == worker.id, f"chose {worker.id}, the rule says {best}"
+        for other in self.jobs.values():
+            if other.exec != job.exec or not self.servable(other) or other is job:
+                continue
+            assert other.priority <= job.priority, f"{other.id} has a higher priority"
+            if other.priority == job.priority and other.client == job.client:
+                assert other.seq > job.seq, f"{other.id} is ahead of {job.id} in its queue"
+        assert event.deadline == event.at + self.timeout(job, event.attempt)
+        self._take_lease(event.lease)
+        worker.credit -= 1
+        worker.running.append(job.id)
+        job.status = "running"
+        job.attempts = event.attempt
+        job.worker = worker.id
+        job.lease = event.lease
+        job.deadline = event.deadline
+        job.updated_at = event.at
+
+    def _absorb_reassigned(self, event: Reassigned, context: str, subject: str | None) -> None:
+        assert context == "tick"
+        job = self.jobs[event.job_id]
+        assert job.status == "running" and job.deadline is not None
+        assert job.deadline <= self.clock, "reassigned before its deadline"
+        assert event.previous_worker_id == job.worker
+        assert event.attempt == job.attempts + 1 <= job.max_attempts
+        previous = self.workers[event.previous_worker_id]
+        other = self.best_worker(job.exec, exclude=previous.id)
+        if other is not None:
+            assert event.worker_id == other.id, f"should prefer {other.id}"
+        else:
+            assert event.worker_id == previous.id and self.matches(previous, job.exec)
+        assert event.deadline == event.at + self.timeout(job, event.attempt)
+        self._take_lease(event.lease)
+        if event.worker_id != previous.id:
+            previous.running.remove(job.id)
+            worker = self.workers[event.worker_id]
+            worker.running.append(job.id)
+            worker.credit -= 1
+        job.attempts = event.attempt
+        job.worker = event.worker_id
+        job.lease = event.lease
+        job.deadline = event.deadline
+        job.updated_at = event.at
+
+    def _stop(self, job: MJob, worker_id: str, alive: bool) -> None:
+        assert job.status == "running" and job.worker == worker_id
+        worker = self.workers[worker_id]
+        worker.running.remove(job.id)
+        if alive:
+            worker.last_seen = self.clock
+        job.deadline = None
+        job.updated_at = self.clock
+
+    def _absorb_requeued(self, event: Requeued, context: str, subject: str | None) -> None:
+        job = self.jobs[event.job_id]
+        assert event.attempt == job.attempts < job.max_attempts
+        reason = event.reason.value
+        worker = self.workers[event.worker_id]
+        if reason == "failed":
+            assert context == "fail" and subject == job.id
+        elif reason == "worker_lost":
+            assert (context == "lose" and subject == worker.id) or (
+                context == "tick" and self.silent(worker)
+            )
+        else:
+            assert reason == "timeout" and context == "tick"
+            assert job.deadline is not None and job.deadline <= self.clock
+            assert self.best_worker(job.exec, exclude=worker.id) is None
+            assert not self.matches(worker, job.exec)
+        assert event.seq == self.front_seq
+        self.front_seq -= 1
+        self._stop(job, event.worker_id, alive=reason == "failed")
+        job.status = "queued"
+        job.worker = None
+        job.error = event.error
+        job.seq = event.seq
+
+    def _absorb_dead_lettered(self, event: DeadLettered, context: str, subject: str | None) -> None:
+        job = self.jobs[event.job_id]
+        assert event.attempt == job.attempts
+        reason = event.reason.value
+        if reason == "permanent_failure":
+            assert context == "fail" and subject == job.id
+        elif reason == "retries_exhausted":
+            assert context == "fail" and subject == job.id and job.attempts == job.max_attempts
+        elif reason == "worker_lost":
+            assert job.attempts == job.max_attempts
+            assert (context == "lose" and subject == event.worker_id) or (
+                context == "tick" and self.silent(self.workers[event.worker_id])
+            )
+        else:
+            assert reason == "ack_timeout" and context == "tick"
+            assert job.attempts == job.max_attempts
+            assert job.deadline is not None and job.deadline <= self.clock
+        self._stop(job, event.worker_id, alive=reason in ("permanent_failure", "retries_exhausted"))
+        job.status = "dead"
+        job.dead_reason = reason
+        job.error = event.error
+
+    def _absorb_completed(self, event: Completed, context: str, subject: str | None) -> None:
+        assert context == "ack" and subject == event.job_id
+        job = self.jobs[event.job_id]
+        assert (event.attempt, event.lease) == (job.attempts, job.lease)
+        self._stop(job, event.worker_id, alive=True)
+        job.status = "succeeded"
+        job.result = event.result
+        job.error = None
+
+    def _absorb_job_heartbeat(self, event: JobHeartbeat, context: str, subject: str | None) -> None:
+        assert context == "heartbeat" and subject == event.job_id
+        job = self.jobs[event.job_id]
+        assert job.status == "running" and job.deadline is not None
+        assert event.deadline == max(job.deadline, self.clock + self.timeout(job, job.attempts))
+        job.deadline = event.deadline
+        job.updated_at = event.at
+        self.workers[event.worker_id].last_seen = event.at
+
+    def _absorb_cancelled(self, event: Cancelled, context: str, subject: str | None) -> None:
+        assert context == "cancel" and subject == event.job_id
+        job = self.jobs[event.job_id]
+        assert job.status == "queued"
+        job.status = "cancelled"
+        job.updated_at = event.at
+
+    def _absorb_redriven(self, event: Redriven, context: str, subject: str | None) -> None:
+        assert context == "redrive" and subject == event.job_id
+        job = self.jobs[event.job_id]
+        assert job.status == "dead"
+        assert event.seq == self.next_seq
+        self.next_seq += 1
+        job.status = "queued"
+        job.attempts = 0
+        job.dead_reason = None
+        job.error = None
+        job.worker = None
+        job.lease = None
+        job.seq = event.seq
+        job.updated_at = event.at
+
+    def _absorb_worker_joined(self, event: WorkerJoined, context: str, subject: str | None) -> None:
+        assert context == "join" and subject == event.worker_id
+        worker = self.workers.get(event.worker_id)
+        if worker is None:
+            self.workers[event.worker_id] = MWorker(event.worker_id, event.subjects, event.at)
+        else:
+            worker.subjects = event.subjects
+            worker.last_seen = event.at
+
+    def _absorb_credit_granted(
+        self, event: CreditGranted, context: str, subject: str | None
+    ) -> None:
+        assert context == "credit" and subject == event.worker_id
+        worker = self.workers[event.worker_id]
+        worker.credit = event.credits if event.replace else worker.credit + event.credits
+        worker.last_seen = event.at
+
+    def _absorb_worker_heartbeat(
+        self, event: WorkerHeartbeat, context: str, subject: str | None
+    ) -> None:
+        assert context == "worker_heartbeat" and subject == event.worker_id
+        self.workers[event.worker_id].last_seen = event.at
+
+    def _absorb_worker_lost(self, event: WorkerLost, context: str, subject: str | None) -> None:
+        worker = self.workers[event.worker_id]
+        assert (context == "lose" and subject == worker.id) or (
+            context == "tick" and self.silent(worker)
+        )
+        assert not worker.running, "worker lost before its jobs were requeued"
+        del self.workers[event.worker_id]
+
+    def _absorb_leader_elected(
+        self, event: LeaderElected, context: str, subject: str | None
+    ) -> None:
+        raise AssertionError("the model folds elections itself")
+
+    def _absorb_pruned(self, event: Pruned, context: str, subject: str | None) -> None:
+        assert context == "prune"
+        for job_id, job in list(self.jobs.items()):
+            if job.status in ("succeeded", "cancelled") and job.updated_at <= event.before:
+                del self.jobs[job_id]

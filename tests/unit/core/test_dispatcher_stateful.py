@@ -1,0 +1,486 @@
+"""Random command sequences against the reference model, with invariants after every step.
+
+Each rule sends one command to the core, checks the outcome the rules of SPEC.md fix (a
+rejection code, requeue versus dead-letter, deadlines, queue positions) and lets the reference
+model check and fold every emitted event. After every step: the internal indexes agree with
+the records, the model and the core agree job by job and worker by worker, attempts stay within
+max_attempts, credits stay non-negative, no client exceeds its cap, replaying the emitted
+events (through the JSON codec) on an empty dispatcher gives the same state, folding each
+job's events with the per-job reducer gives the same record, and a dispatcher restored from
+the records holds the same state. At the end, a worker that acks everything drains all jobs
+to a terminal state.
+
+Runtime is bounded by the settings below (about 20 s on two shared cores); raise
+CORE_STATEFUL_EXAMPLES to search longer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from dispatch.core import (
+    Cancelled,
+    Completed,
+    CoreConfig,
+    CreditGranted,
+    DeadLettered,
+    Dispatcher,
+    Enqueued,
+    Event,
+    JobEvent,
+    JobHeartbeat,
+    JobRecord,
+    LeaderElected,
+    Pruned,
+    Redriven,
+    RejectCode,
+    Rejected,
+    Requeued,
+    SubmitRequest,
+    WorkerHeartbeat,
+    WorkerJoined,
+    WorkerLost,
+    WorkerRecord,
+    check_invariants,
+    decode_events,
+    encode_events,
+    fold_job_events,
+    state_view,
+)
+from dispatch.core.checks import check_caps, check_work_conserving
+from tests.unit.core.reference_model import Model
+
+CONFIG = CoreConfig(
+    default_cap=2,
+    caps={"c1": 1},
+    ack_timeout_s=10.0,
+    backoff_multiplier=2.0,
+    max_ack_timeout_s=25.0,
+    max_attempts=3,
+    worker_expiry_s=30.0,
+)
+JOB_IDS = [f"job-{n}" for n in range(10)]
+CLIENTS = ["c1", "c2", "c3"]
+EXECS = ["img.resize", "img.crop", "mail.send"]
+WORKERS = ["w1", "w2", "w3"]
+SUBJECT_SETS = [
+    ("job.assign.img.*",),
+    ("job.assign.>",),
+    ("job.assign.mail.send", "job.assign.img.crop"),
+    ("job.assign.img.>",),
+    ("job.*.mail.*",),
+]
+# Which (attempt, lease) a settling rule presents: the job's own, or a wrong one.
+LEASE_CHOICES = ["own", "own", "own", "attempt-1", "attempt+1", "bad-lease", "other-worker"]
+
+
+class DispatcherMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.core = Dispatcher(CONFIG)
+        self.model = Model(CONFIG)
+        self.replica = Dispatcher(CONFIG)
+        self.job_events: dict[str, list[Event]] = defaultdict(list)
+        self.now = 1000.0
+        self.model.clock = self.now
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def record(self, events: list[Event], context: str, subject: str | None) -> None:
+        for event in events:
+            self.model.absorb(event, context, subject)
+        decoded = decode_events(encode_events(events))
+        assert decoded == events
+        for event in decoded:
+            assert self.replica.apply(event)
+            if isinstance(event, JobEvent):
+                self.job_events[event.job_id].append(event)
+        self.model.check_work_conserving()
+        check_work_conserving(self.core)
+
+    def run(self, context: str, subject: str | None, call: Any) -> list[Event] | Rejected:
+        try:
+            events: list[Event] = call()
+        except Rejected as rejection:
+            return rejection
+        self.record(events, context, subject)
+        return events
+
+    def settle_args(self, job_id: str, choice: str) -> tuple[int, str, str | None]:
+        """(attempt, lease, worker_id) for a settling command."""
+        job = self.model.jobs.get(job_id)
+        if job is None or job.lease is None:
+            return 1, "0.999", None
+        if choice == "attempt-1":
+            return max(1, job.attempts - 1), job.lease, None
+        if choice == "attempt+1":
+            return job.attempts + 1, job.lease, None
+        if choice == "bad-lease":
+            return job.attempts, job.lease + "x", None
+        if choice == "other-worker":
+            return job.attempts, job.lease, "w-other"
+        return job.attempts, job.lease, job.worker
+
+    def expect_settlement(
+        self, job_id: str, attempt: int, lease: str, worker_id: str | None
+    ) -> str | RejectCode:
+        """'current' when (attempt, lease, worker) holds the running job, 'ended' when they
+        name its last attempt, which has ended; else the rejection code."""
+        job = self.model.jobs.get(job_id)
+        if job is None:
+            return RejectCode.NOT_FOUND
+        same = (attempt, lease) == (job.attempts, job.lease)
+        if same and worker_id in (None, job.worker):
+            return "current" if job.status == "running" else "ended"
+        return RejectCode.STALE_LEASE
+
+    # --- clients --------------------------------------------------------------------------
+
+    @rule(
+        job_id=st.sampled_from(JOB_IDS),
+        client=st.sampled_from(CLIENTS),
+        exec_name=st.sampled_from(EXECS),
+        priority=st.sampled_from([0, 0, 1]),
+        delay=st.sampled_from([0.0, 0.0, 0.0, 5.0]),
+        max_attempts=st.sampled_from([None, 1, 2, 3]),
+        timeout=st.sampled_from([None, None, 4.0]),
+    )
+    def submit(
+        self,
+        job_id: str,
+        client: str,
+        exec_name: str,
+        priority: int,
+        delay: float,
+        max_attempts: int | None,
+        timeout: float | None,
+    ) -> None:
+        request = SubmitRequest(
+            id=job_id,
+            exec=exec_name,
+            payload={"job": job_id},
+            client_id=client,
+            max_attempts=max_attempts,
+            timeout_s=timeout,
+            priority=priority,
+            delay_s=delay,
+        )
+        known = job_id in self.model.jobs
+        before = self.core.job(job_id)
+        events = self.run("submit", job_id, lambda: self.core.submit(request, self.now))
+        assert isinstance(events, list)
+        if known:
+            assert events == [] and self.core.job(job_id) == before
+            return
+        first = events[0]
+        assert isinstance(first, Enqueued)
+        assert (first.client_id, first.exec, first.priority) == (client, exec_name, priority)
+        assert first.max_attempts == (max_attempts or CONFIG.max_attempts)
+        assert first.timeout_s == (timeout or CONFIG.ack_timeout_s)
+        assert first.not_before == (self.now + delay if delay else None)
+
+    @rule(
+        job_ids=st.lists(st.sampled_from(JOB_IDS), min_size=1, max_size=4),
+        clients=st.lists(st.sampled_from(CLIENTS), min_size=4, max_size=4),
+        exec_name=st.sampled_from(EXECS),
+    )
+    def submit_batch(self, job_ids: list[str], clients: list[str], exec_name: str) -> None:
+        """Several jobs, one assignment pass: the pass must still pick workers by the rule."""
+        requests = [
+            SubmitRequest(id=job_id, exec=exec_name, payload=n, client_id=clients[n])
+            for n, job_id in enumerate(job_ids)
+        ]
+        fresh = list(dict.fromkeys(job_id for job_id in job_ids if job_id not in self.model.jobs))
+        events = self.run("submit", None, lambda: self.core.submit_many(requests, self.now))
+        assert isinstance(events, list)
+        assert [event.job_id for event in events if isinstance(event, Enqueued)] == fresh
+
+    @rule(job_id=st.sampled_from([*JOB_IDS, "nope"]))
+    def cancel(self, job_id: str) -> None:
+        job = self.model.jobs.get(job_id)
+        status = None if job is None else job.status
+        result = self.run("cancel", job_id, lambda: self.core.cancel(job_id, self.now))
+        if status is None:
+            assert isinstance(result, Rejected) and result.code is RejectCode.NOT_FOUND
+        elif status == "queued":
+            assert isinstance(result, list) and [type(event) for event in result] == [Cancelled]
+        else:
+            assert isinstance(result, Rejected) and result.code is RejectCode.NOT_CANCELLABLE
+
+    @rule(job_id=st.sampled_from([*JOB_IDS, "nope"]))
+    def redrive(self, job_id: str) -> None:
+        was = self.model.jobs.get(job_id)
+        status = None if was is None else was.status
+        result = self.run("redrive", job_id, lambda: self.core.redrive(job_id, self.now))
+        if status is None:
+            assert isinstance(result, Rejected) and result.code is RejectCode.NOT_FOUND
+        elif status != "dead":
+            assert isinstance(result, Rejected) and result.code is RejectCode.NOT_DEAD
+        else:
+            assert isinstance(result, list) and isinstance(result[0], Redriven)
+            assert self.model.jobs[job_id].attempts in (0, 1)
+
+    @rule(age=st.sampled_from([0.0, 5.0, 30.0]))
+    def prune(self, age: float) -> None:
+        before = self.now - age
+        due = any(
+            job.status in ("succeeded", "cancelled") and job.updated_at <= before
+            for job in self.model.jobs.values()
+        )
+        events = self.run("prune", None, lambda: self.core.prune(before, self.now))
+        assert isinstance(events, list)
+        assert [type(event) for event in events] == ([Pruned] if due else [])
+
+    # --- workers --------------------------------------------------------------------------
+
+    @rule(worker=st.sampled_from(WORKERS), subjects=st.sampled_from(SUBJECT_SETS))
+    def join(self, worker: str, subjects: tuple[str, ...]) -> None:
+        events = self.run("join", worker, lambda: self.core.join(worker, list(subjects), self.now))
+        assert isinstance(events, list)
+        first = events[0]
+        assert isinstance(first, WorkerJoined) and first.subjects == subjects
+
+    @rule(worker=st.sampled_from(WORKERS), credits=st.integers(1, 3), replace=st.booleans())
+    def grant_credit(self, worker: str, credits: int, replace: bool) -> None:
+        known = worker in self.model.workers
+        result = self.run(
+            "credit",
+            worker,
+            lambda: self.core.grant_credit(worker, credits, self.now, replace=replace),
+        )
+        if not known:
+            assert isinstance(result, Rejected) and result.code is RejectCode.UNKNOWN_WORKER
+        else:
+            assert isinstance(result, list) and isinstance(result[0], CreditGranted)
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def worker_heartbeat(self, worker: str) -> None:
+        known = worker in self.model.workers
+        result = self.run(
+            "worker_heartbeat", worker, lambda: self.core.worker_heartbeat(worker, self.now)
+        )
+        if not known:
+            assert isinstance(result, Rejected) and result.code is RejectCode.UNKNOWN_WORKER
+        else:
+            assert isinstance(result, list) and [type(e) for e in result] == [WorkerHeartbeat]
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def lose_worker(self, worker: str) -> None:
+        known = worker in self.model.workers
+        holding = set(self.model.workers[worker].running) if known else set()
+        result = self.run("lose", worker, lambda: self.core.lose_worker(worker, self.now))
+        if not known:
+            assert isinstance(result, Rejected) and result.code is RejectCode.UNKNOWN_WORKER
+            return
+        assert isinstance(result, list)
+        settled = [e.job_id for e in result if isinstance(e, Requeued | DeadLettered)]
+        assert set(settled) == holding, "every job of the lost worker is requeued at once"
+        assert isinstance(result[len(settled)], WorkerLost)
+        assert worker not in self.model.workers and self.core.worker(worker) is None
+
+    # --- settling -------------------------------------------------------------------------
+
+    @rule(job_id=st.sampled_from(JOB_IDS), choice=st.sampled_from(LEASE_CHOICES))
+    def ack(self, job_id: str, choice: str) -> None:
+        attempt, lease, worker_id = self.settle_args(job_id, choice)
+        expected = self.expect_settlement(job_id, attempt, lease, worker_id)
+        job = self.model.jobs.get(job_id)
+        result = self.run(
+            "ack",
+            job_id,
+            lambda: self.core.ack(
+                job_id, attempt, lease, self.now, result={"ok": job_id}, worker_id=worker_id
+            ),
+        )
+        if expected == "current":
+            assert isinstance(result, list) and isinstance(result[0], Completed)
+            assert self.core.job(job_id).result == {"ok": job_id}  # type: ignore[union-attr]
+        elif expected == "ended":
+            assert job is not None
+            if job.status == "succeeded":
+                assert result == [], "a repeated ack answers the first outcome"
+            else:
+                assert isinstance(result, Rejected) and result.code is RejectCode.ALREADY_SETTLED
+        else:
+            assert isinstance(result, Rejected) and result.code is expected
+
+    @rule(
+        job_id=st.sampled_from(JOB_IDS),
+        choice=st.sampled_from(LEASE_CHOICES),
+        retryable=st.booleans(),
+    )
+    def fail(self, job_id: str, choice: str, retryable: bool) -> None:
+        attempt, lease, worker_id = self.settle_args(job_id, choice)
+        expected = self.expect_settlement(job_id, attempt, lease, worker_id)
+        job = self.model.jobs.get(job_id)
+        last_attempt = job is not None and job.attempts >= job.max_attempts
+        result = self.run(
+            "fail",
+            job_id,
+            lambda: self.core.fail(
+                job_id,
+                attempt,
+                lease,
+                self.now,
+                error=f"boom {job_id}",
+                retryable=retryable,
+                worker_id=worker_id,
+            ),
+        )
+        if expected == "current":
+            assert isinstance(result, list)
+            first = result[0]
+            if not retryable:
+                assert isinstance(first, DeadLettered)
+                assert first.reason.value == "permanent_failure"
+            elif last_attempt:
+                assert isinstance(first, DeadLettered)
+                assert first.reason.value == "retries_exhausted"
+            else:
+                assert isinstance(first, Requeued) and first.reason.value == "failed"
+            assert self.model.jobs[job_id].error == f"boom {job_id}"
+        elif expected == "ended":
+            assert job is not None
+            if job.status == "dead" and job.dead_reason in (
+                "permanent_failure",
+                "retries_exhausted",
+            ):
+                assert result == []
+            else:
+                assert isinstance(result, Rejected) and result.code is RejectCode.ALREADY_SETTLED
+        else:
+            assert isinstance(result, Rejected) and result.code is expected
+
+    @rule(job_id=st.sampled_from(JOB_IDS), choice=st.sampled_from(LEASE_CHOICES))
+    def heartbeat(self, job_id: str, choice: str) -> None:
+        attempt, lease, worker_id = self.settle_args(job_id, choice)
+        expected = self.expect_settlement(job_id, attempt, lease, worker_id)
+        result = self.run(
+            "heartbeat",
+            job_id,
+            lambda: self.core.heartbeat(job_id, attempt, lease, self.now, worker_id=worker_id),
+        )
+        if expected == "current":
+            assert isinstance(result, list) and [type(e) for e in result] == [JobHeartbeat]
+        elif expected == "ended":
+            assert isinstance(result, Rejected) and result.code is RejectCode.ALREADY_SETTLED
+        else:
+            assert isinstance(result, Rejected) and result.code is expected
+
+    # --- time and leadership --------------------------------------------------------------
+
+    @rule(dt=st.sampled_from([0.5, 3.0, 6.0, 11.0, 26.0, 31.0]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        self.model.clock = self.now
+        events = self.run("tick", None, lambda: self.core.tick(self.now))
+        assert isinstance(events, list)
+        self.model.check_timers_done()
+
+    @precondition(lambda self: self.model.epoch < 3)
+    @rule()
+    def elect(self) -> None:
+        old = self.model.epoch
+        try:
+            self.core.begin_epoch(old, self.now)
+        except Rejected as rejection:
+            assert rejection.code is RejectCode.STALE_EPOCH
+        else:
+            raise AssertionError("an epoch that is not newer must be refused")
+        events = self.core.begin_epoch(old + 1, self.now)
+        assert events == [LeaderElected(epoch=old + 1, at=self.now)]
+        self.model.epoch = old + 1
+        assert self.replica.apply(events[0])
+        # A deposed leader's event after the election is void on replay.
+        zombie = WorkerHeartbeat(epoch=old, at=self.now, worker_id="zombie")
+        assert not self.replica.apply(zombie)
+
+    # --- invariants -----------------------------------------------------------------------
+
+    @invariant()
+    def indexes_agree_with_records(self) -> None:
+        check_invariants(self.core)
+        check_caps(self.core)
+
+    @invariant()
+    def core_agrees_with_model(self) -> None:
+        model = self.model
+        assert {job.id for job in self.core.jobs()} == set(model.jobs)
+        for job in self.core.jobs():
+            mine = model.jobs[job.id]
+            assert job.status.value == mine.status, (job, mine)
+            assert job.attempts == mine.attempts <= job.max_attempts
+            assert (job.worker_id, job.lease, job.deadline) == (
+                mine.worker,
+                mine.lease,
+                mine.deadline,
+            )
+            assert (job.result, job.error, job.seq) == (mine.result, mine.error, mine.seq)
+            dead_reason = None if job.dead_reason is None else job.dead_reason.value
+            assert dead_reason == mine.dead_reason
+        workers = {record.worker_id: record for record in self.core.workers()}
+        assert set(workers) == set(model.workers)
+        for worker_id, record in workers.items():
+            mine_worker = model.workers[worker_id]
+            assert record.credit == mine_worker.credit >= 0
+            assert set(record.running) == set(mine_worker.running)
+            assert record.subjects == mine_worker.subjects
+            assert record.last_seen == mine_worker.last_seen
+
+    @invariant()
+    def replay_gives_the_same_state(self) -> None:
+        check_invariants(self.replica)
+        assert state_view(self.replica) == state_view(self.core)
+
+    @invariant()
+    def per_job_fold_gives_the_same_records(self) -> None:
+        for job in self.core.jobs():
+            folded = fold_job_events(None, self.job_events[job.id])
+            assert folded is not None and folded.to_dict() == job.to_dict()
+
+    @invariant()
+    def restore_gives_the_same_state(self) -> None:
+        restored = Dispatcher.restore(
+            [JobRecord.from_dict(job.to_dict()) for job in self.core.jobs()],
+            config=CONFIG,
+            workers=[WorkerRecord.from_dict(w.to_dict()) for w in self.core.workers()],
+            epoch=self.core.epoch,
+        )
+        check_invariants(restored)
+        mine, theirs = state_view(self.core), state_view(restored)
+        for key in ("epoch", "jobs", "workers", "inflight"):
+            assert mine[key] == theirs[key], key
+        # Jobs dead-lettered at the same instant may be listed in another order.
+        assert sorted(mine["dead_letters"]) == sorted(theirs["dead_letters"])
+
+    def teardown(self) -> None:
+        """With a live worker that acks, every job ends succeeded, dead or cancelled."""
+        self.join("drain", ("job.>",))
+        for _ in range(100):
+            if all(job.is_terminal for job in self.core.jobs()):
+                break
+            self.grant_credit("drain", 3, False)
+            for job_id, job in list(self.model.jobs.items()):
+                if job.status == "running":
+                    self.ack(job_id, "own")
+            self.tick(6.0)
+        assert all(job.is_terminal for job in self.core.jobs()), self.core.counts()
+
+
+# A named profile, so a run can be tuned from one place; it is attached to this test only
+# (not loaded globally), and CORE_STATEFUL_EXAMPLES raises the search for a longer hunt.
+settings.register_profile(
+    "core-stateful",
+    max_examples=int(os.environ.get("CORE_STATEFUL_EXAMPLES", "400")),
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestDispatcherStateful = DispatcherMachine.TestCase
+TestDispatcherStateful.settings = settings.get_profile("core-stateful")

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from dispatch.settings import ConfigError, Settings, load_settings
 from dispatch.stack.jars import JarError
-from dispatch.stack.local import ComponentStatus, LocalStack
+from dispatch.stack.local import ComponentStatus, LocalStack, StopSignals
 from dispatch.stack.process import ProcessError
 
 app = typer.Typer(
@@ -42,24 +42,25 @@ def up(
         bool, typer.Option("--detach", "-d", help="Start in the background and return.")
     ] = False,
 ) -> None:
-    """Start the local stack (Kafka broker in KRaft mode, topics); Ctrl-C stops it."""
+    """Start the local stack (Kafka broker in KRaft mode, topics, an API node); Ctrl-C stops it."""
     stack = LocalStack(_settings())
-    try:
-        created = stack.up()
-    except (ProcessError, JarError) as error:
+    with StopSignals() as signals:
+        try:
+            created = stack.up()
+        except (ProcessError, JarError) as error:
+            stack.down()
+            raise _fail(error) from error
+        _print_status(stack)
+        if created:
+            console.print(f"created topics: {', '.join(created)}")
+        if detach:
+            console.print("running in the background; `dispatch down` stops it")
+            return
+        console.print("press Ctrl-C to stop")
+        reason = stack.wait_until_stopped(signals)
+        console.print(f"stopping ({reason})")
         stack.down()
-        raise _fail(error) from error
-    _print_status(stack)
-    if created:
-        console.print(f"created topics: {', '.join(created)}")
-    if detach:
-        console.print("running in the background; `dispatch down` stops it")
-        return
-    console.print("press Ctrl-C to stop")
-    reason = stack.wait_until_stopped()
-    console.print(f"stopping ({reason})")
-    stack.down()
-    if reason.startswith("the broker"):
+    if reason not in ("SIGINT", "SIGTERM"):
         raise typer.Exit(1)
 
 
@@ -100,6 +101,70 @@ def _print_status(stack: LocalStack) -> list[ComponentStatus]:
         )
     console.print(table)
     return components
+
+
+@app.command()
+def serve(
+    port: Annotated[int, typer.Option(help="Port on the configured api.host.")] = 8000,
+    node_id: Annotated[str | None, typer.Option(help="Name of this node.")] = None,
+) -> None:
+    """Run one API node (leader of its dispatcher group) in the foreground."""
+    from api.server import serve as serve_node
+
+    serve_node(_settings(), port, node_id)
+
+
+@app.command()
+def keys(
+    role: Annotated[str | None, typer.Option(help="Print only this role's key.")] = None,
+) -> None:
+    """Print the local development API keys (created on first use; only hashes in config)."""
+    from api.auth import ensure_dev_keys
+
+    dev_keys = ensure_dev_keys(_settings().auth)
+    if role is not None:
+        if role not in dev_keys:
+            raise _fail(ValueError(f"--role: expected one of {', '.join(dev_keys)}"))
+        console.print(dev_keys[role], highlight=False)
+        return
+    for name, key in dev_keys.items():
+        console.print(f"{name:7} {key}", highlight=False)
+
+
+@app.command()
+def bench(
+    jobs: Annotated[int, typer.Option(min=1, help="No-op jobs to run.")] = 20_000,
+    workers: Annotated[int, typer.Option(min=1, help="WebSocket workers.")] = 4,
+    batch: Annotated[int, typer.Option(min=1, max=10_000, help="Jobs per submit request.")] = 500,
+    payload_bytes: Annotated[int, typer.Option(min=0, help="Payload size of each job.")] = 64,
+    rate: Annotated[
+        float | None, typer.Option(help="Submit at this many jobs/s (open loop), not all at once.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """End-to-end jobs/s and latency percentiles, beside raw kafka-python on the same broker."""
+    import json
+
+    from bench.e2e import run_bench
+
+    result = run_bench(
+        _settings(), jobs=jobs, workers=workers, batch=batch, payload_bytes=payload_bytes, rate=rate
+    )
+    if as_json:
+        console.print_json(json.dumps(result.as_dict()))
+        return
+    table = Table("measure", "value")
+    table.add_row("jobs / workers / batch", f"{jobs} / {workers} / {batch}")
+    table.add_row("submit rate", f"{rate:g} jobs/s" if rate else "as fast as possible")
+    table.add_row("end-to-end", f"{result.jobs_per_s:,.0f} jobs/s ({result.seconds:.1f} s)")
+    table.add_row("raw kafka-python", f"{result.raw_kafka_records_per_s:,.0f} records/s")
+    table.add_row("ratio", f"{result.ratio:.2f}")
+    for name, figures in (
+        ("submit→assign ms", result.submit_to_assign_ms),
+        ("submit→complete ms", result.submit_to_complete_ms),
+    ):
+        table.add_row(name, "  ".join(f"{key} {value:g}" for key, value in figures.items()))
+    console.print(table)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ the environment variable that sets it, so a typo fails at start, not an hour lat
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from dispatch.core.config import CoreConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "DISPATCH_"
@@ -124,6 +127,7 @@ class DispatcherSettings(_Section):
     max_ack_timeout_s: float = Field(600.0, gt=0)
     max_attempts: int = Field(5, ge=1)
     worker_expiry_s: float = Field(15.0, gt=0)
+    dedup_window_s: float = Field(86400.0, gt=0)
 
     @field_validator("caps")
     @classmethod
@@ -132,6 +136,18 @@ class DispatcherSettings(_Section):
         if bad:
             raise ValueError(f"every cap must be at least 1, got {bad}")
         return value
+
+    def core_config(self) -> CoreConfig:
+        """The pure core's policy object (the core reads no settings itself)."""
+        return CoreConfig(
+            default_cap=self.default_cap,
+            caps=self.caps,
+            ack_timeout_s=self.ack_timeout_s,
+            backoff_multiplier=self.backoff_multiplier,
+            max_ack_timeout_s=self.max_ack_timeout_s,
+            max_attempts=self.max_attempts,
+            worker_expiry_s=self.worker_expiry_s,
+        )
 
     @model_validator(mode="after")
     def _timeout_cap_covers_first_attempt(self) -> DispatcherSettings:
@@ -153,6 +169,12 @@ class LeaseSettings(_Section):
         return self
 
 
+class AuthSettings(_Section):
+    # Relative to paths.var (resolved by Settings), so each stack has its own keys.
+    keys_file: Path = Path("api-keys.json")
+    dev_keys_file: Path = Path("dev-keys.json")
+
+
 class Settings(BaseSettings):
     """Every setting of every dispatch process, validated."""
 
@@ -169,6 +191,7 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -182,6 +205,23 @@ class Settings(BaseSettings):
         # Highest priority first: keyword arguments, then the environment, then the file.
         toml = TomlConfigSettingsSource(settings_cls, toml_file=config_file())
         return (init_settings, env_settings, toml)
+
+    @model_validator(mode="after")
+    def _auth_files_under_var(self) -> Settings:
+        auth = self.auth
+        keys, dev_keys = auth.keys_file.expanduser(), auth.dev_keys_file.expanduser()
+        if not (keys.is_absolute() and dev_keys.is_absolute()):
+            resolved = auth.model_copy(
+                update={
+                    "keys_file": keys if keys.is_absolute() else self.paths.var / keys,
+                    "dev_keys_file": dev_keys
+                    if dev_keys.is_absolute()
+                    else self.paths.var / dev_keys,
+                }
+            )
+            # The model is frozen; this runs once, while it is being built.
+            object.__setattr__(self, "auth", resolved)
+        return self
 
     @property
     def broker_dir(self) -> Path:
@@ -218,3 +258,14 @@ def load_settings(**overrides: Any) -> Settings:
             for problem in error.errors()
         ]
         raise ConfigError(f"invalid settings from {source}:\n" + "\n".join(lines)) from error
+
+
+def to_environment(settings: Settings) -> dict[str, str]:
+    """Environment variables that make another `dispatch` process load these settings."""
+    environment: dict[str, str] = {}
+    for section, values in settings.model_dump(mode="json").items():
+        for name, value in values.items():
+            key = f"{ENV_PREFIX}{section.upper()}{ENV_NESTED_DELIMITER}{name.upper()}"
+            # Lists and mappings travel as JSON, which pydantic-settings parses back.
+            environment[key] = value if isinstance(value, str) else json.dumps(value)
+    return environment

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,19 +17,12 @@ import pytest
 
 from dispatch.settings import Settings, load_settings
 from dispatch.stack.broker import Broker, create_topics
+from dispatch.stack.ports import free_port
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 _namespace_numbers = itertools.count(1)
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now, so tests never collide with a developer's stack."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="session")

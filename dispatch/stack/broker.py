@@ -68,6 +68,8 @@ def server_properties(kafka: KafkaSettings, data_dir: Path) -> dict[str, str]:
         "num.io.threads": "2",
         "num.recovery.threads.per.data.dir": "1",
         "log.retention.hours": str(kafka.retention_hours),
+        # Fetches must fit the largest record a topic accepts (TOPIC_MAX_MESSAGE_BYTES).
+        "replica.fetch.max.bytes": str(16 * 1024 * 1024),
     }
 
 
@@ -192,19 +194,24 @@ class Broker:
         return self.process.stop(timeout_s=30.0)
 
 
+TOPIC_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""Per-topic record limit: an events record batches a whole transaction, and one submission
+may carry a payload of `api.max_payload_bytes` (the broker's default is 1 MiB)."""
+
+
 def create_topics(kafka: KafkaSettings, topics: dict[str, int] | None = None) -> list[str]:
     """Create the dispatcher's topics (or the given ones) if missing; returns those created."""
     wanted = topics if topics is not None else kafka.topics
-    retention_ms = str(kafka.retention_hours * 3600 * 1000)
+    configs = {
+        "retention.ms": str(kafka.retention_hours * 3600 * 1000),
+        "min.insync.replicas": "1",
+        "max.message.bytes": str(TOPIC_MAX_MESSAGE_BYTES),
+    }
     admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap, client_id="dispatch-topics")
     try:
         existing = set(admin.list_topics())
         missing = {
-            name: {
-                "num_partitions": partitions,
-                "replication_factor": 1,
-                "configs": {"retention.ms": retention_ms, "min.insync.replicas": "1"},
-            }
+            name: {"num_partitions": partitions, "replication_factor": 1, "configs": configs}
             for name, partitions in wanted.items()
             if name not in existing
         }

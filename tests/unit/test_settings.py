@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatch.settings import ENV_PREFIX, PROJECT_ROOT, ConfigError, load_settings
+from dispatch.settings import ENV_PREFIX, PROJECT_ROOT, ConfigError, load_settings, to_environment
 
 
 @pytest.fixture(autouse=True)
@@ -92,3 +92,32 @@ def test_keyword_overrides_merge_into_a_section() -> None:
     settings = load_settings(kafka={"submit_topic": "other.submit"})
     assert settings.kafka.submit_topic == "other.submit"
     assert settings.kafka.events_topic == "dispatch.events"
+
+
+def test_settings_travel_to_another_process_through_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = load_settings(
+        kafka={"submit_topic": "x.submit"},
+        dispatcher={"caps": {"acme": 3}, "ack_timeout_s": 2.5},
+        api={"ports": [9000]},
+    )
+    for name, value in to_environment(original).items():
+        monkeypatch.setenv(name, value)
+    assert load_settings() == original
+
+
+def test_api_key_files_live_under_the_var_folder_unless_absolute() -> None:
+    settings = load_settings(paths={"var": "/srv/dispatch"})
+    assert settings.auth.keys_file == Path("/srv/dispatch/api-keys.json")
+    assert settings.auth.dev_keys_file == Path("/srv/dispatch/dev-keys.json")
+    pinned = load_settings(auth={"keys_file": "/etc/dispatch/keys.json"})
+    assert pinned.auth.keys_file == Path("/etc/dispatch/keys.json")
+
+
+def test_the_dispatcher_section_becomes_the_core_policy() -> None:
+    config = load_settings(
+        dispatcher={"default_cap": 7, "caps": {"acme": 2}, "ack_timeout_s": 3.0}
+    ).dispatcher.core_config()
+    assert (config.cap_for("acme"), config.cap_for("other")) == (2, 7)
+    assert config.ack_timeout(3.0, 1) == 3.0

@@ -9,7 +9,7 @@ import pytest
 
 from dispatch.settings import Settings, load_settings
 from dispatch.stack.broker import Broker, BrokerError, server_properties
-from tests.conftest import free_port
+from dispatch.stack.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
+from dispatch.stack.ports import free_port
 from dispatch.stack.process import is_running
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -26,11 +27,13 @@ class Cli:
     def __init__(self, var: Path) -> None:
         self.var = var
         self.bootstrap = f"127.0.0.1:{free_port()}"
+        self.api_port = free_port()
         self.env = {
             **os.environ,
             "DISPATCH_PATHS__VAR": str(var),
             "DISPATCH_KAFKA__BOOTSTRAP": self.bootstrap,
             "DISPATCH_KAFKA__CONTROLLER_PORT": str(free_port()),
+            "DISPATCH_API__PORTS": json.dumps([self.api_port]),
             "COLUMNS": "200",
         }
 
@@ -45,7 +48,13 @@ class Cli:
         )
 
     def broker_pid(self) -> int | None:
-        pid_file = self.var / "kafka" / "broker.pid"
+        return self._pid(self.var / "kafka" / "broker.pid")
+
+    def api_pid(self) -> int | None:
+        return self._pid(self.var / "run" / f"api-{self.api_port}.pid")
+
+    @staticmethod
+    def _pid(pid_file: Path) -> int | None:
         return int(json.loads(pid_file.read_text())["pid"]) if pid_file.exists() else None
 
 
@@ -77,17 +86,20 @@ def test_up_detach_status_down_leaves_no_process_behind(cli: Cli) -> None:
     assert started.returncode == 0, started.stderr
     assert "running" in started.stdout
     assert "dispatch.submit" in started.stdout
-    pid = cli.broker_pid()
+    pid, api_pid = cli.broker_pid(), cli.api_pid()
     assert pid is not None and is_running(pid)
+    assert api_pid is not None and is_running(api_pid)
+    ready = httpx.get(f"http://127.0.0.1:{cli.api_port}/readyz", timeout=5)
+    assert ready.status_code == 200
 
     status = cli.run("status")
     assert status.returncode == 0
-    assert str(pid) in status.stdout
+    assert str(pid) in status.stdout and str(api_pid) in status.stdout
 
     stopped = cli.run("down")
     assert stopped.returncode == 0
-    assert "stopped: broker" in stopped.stdout
-    assert not is_running(pid)
+    assert f"stopped: api-{cli.api_port}, broker" in stopped.stdout
+    assert not is_running(pid) and not is_running(api_pid)
     assert _processes_using(cli.var) == []
     assert cli.run("status").returncode == 3
 
@@ -150,12 +162,13 @@ def test_ctrl_c_stops_a_foreground_up_and_everything_it_started(cli: Cli) -> Non
                 if "press Ctrl-C" in line:
                     break
             assert any("press Ctrl-C" in line for line in lines), "".join(lines)
-            pid = cli.broker_pid()
+            pid, api_pid = cli.broker_pid(), cli.api_pid()
             assert pid is not None and is_running(pid)
+            assert api_pid is not None and is_running(api_pid)
 
             foreground.send_signal(signal.SIGINT)
             assert foreground.wait(timeout=60) == 0
-            assert not is_running(pid)
+            assert not is_running(pid) and not is_running(api_pid)
             assert _processes_using(cli.var) == []
         finally:
             if foreground.poll() is None:

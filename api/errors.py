@@ -1,0 +1,105 @@
+"""Every error is JSON `{"error": code, "detail": text}` with the right status; never a 500
+for bad input. Validation errors name the field (`body.exec: Field required`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.leader import LeaderUnavailable
+from dispatch.core.errors import Rejected
+
+log = logging.getLogger(__name__)
+
+_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+          405: "method_not_allowed", 409: "conflict", 413: "too_large", 422: "invalid",
+          503: "unavailable"}  # fmt: skip
+
+
+def error_response(status: int, error: str, detail: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail, **extra}, status_code=status)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, detail: str, error: str | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.error = error or _CODES.get(status, "error")
+
+
+def _field(location: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in location)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, error: ApiError) -> JSONResponse:
+        return error_response(error.status, error.error, error.detail)
+
+    @app.exception_handler(Rejected)
+    async def _rejected(_request: Request, error: Rejected) -> JSONResponse:
+        return error_response(error.http_status, error.code.value, error.detail)
+
+    @app.exception_handler(LeaderUnavailable)
+    async def _unavailable(_request: Request, error: LeaderUnavailable) -> JSONResponse:
+        response = error_response(503, "unavailable", str(error))
+        response.headers["Retry-After"] = "1"
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = [f"{_field(problem['loc'])}: {problem['msg']}" for problem in error.errors()]
+        return error_response(422, "invalid", "; ".join(problems), fields=problems)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_request: Request, error: HTTPException) -> JSONResponse:
+        return error_response(
+            error.status_code, _CODES.get(error.status_code, "error"), str(error.detail)
+        )
+
+
+class PayloadLimit:
+    """Refuses a request body over `limit` bytes with 413, before it is parsed."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(scope, receive, send)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        except _TooLarge:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(413, "too_large", f"request body over {self.limit} bytes")
+        await response(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass

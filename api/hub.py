@@ -1,0 +1,172 @@
+"""What a commit made durable, handed to the requests waiting for it.
+
+The leader loop calls `committed` on its own thread; everything that wakes a request happens
+on the asyncio loop (`call_soon_threadsafe`), so request handlers never share state with the
+dispatcher thread except through this hub's lock-guarded counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from typing import Any
+
+from api.metrics import Metrics
+from dispatch.core.dispatcher import Dispatcher
+from dispatch.core.events import Assigned, Event, JobEvent, Reassigned, WorkerLost
+from dispatch.core.job import TERMINAL_STATUSES
+
+
+def assignment_of(core: Dispatcher, job_id: str) -> dict[str, Any] | None:
+    """What a worker receives for a running job (REST poll and WebSocket `assign`)."""
+    job = core.job_view(job_id)
+    if job is None or job.lease is None:
+        return None
+    return {
+        "id": job.id,
+        "exec": job.exec,
+        "payload": job.payload,
+        "attempt": job.attempts,
+        "deadline": job.deadline,
+        "lease": job.lease,
+    }
+
+
+def public_job(job: Any) -> dict[str, Any]:
+    """A job as clients see it: its record without the lease token (a worker's secret)."""
+    view: dict[str, Any] = job.to_dict()
+    view.pop("lease", None)
+    return view
+
+
+class Outbox:
+    """Assignments committed for one worker and not yet taken by it."""
+
+    def __init__(self) -> None:
+        self.items: deque[dict[str, Any]] = deque()
+        self.changed = asyncio.Event()
+
+    def take(self, limit: int | None = None) -> list[dict[str, Any]]:
+        count = len(self.items) if limit is None else min(limit, len(self.items))
+        taken = [self.items.popleft() for _ in range(count)]
+        if not self.items:
+            self.changed.clear()
+        return taken
+
+
+class Hub:
+    def __init__(self, loop: asyncio.AbstractEventLoop, metrics: Metrics) -> None:
+        self._loop = loop
+        self._metrics = metrics
+        self._lock = threading.Lock()
+        self._undelivered: defaultdict[str, int] = defaultdict(int)
+        self.outboxes: dict[str, Outbox] = {}
+        self._job_waiters: defaultdict[str, list[asyncio.Future[None]]] = defaultdict(list)
+        self._client_streams: defaultdict[str, set[asyncio.Queue[dict[str, Any]]]] = defaultdict(
+            set
+        )
+
+    # --- loop thread ------------------------------------------------------------------------
+
+    def undelivered(self, worker_id: str) -> int:
+        """Assignments committed to `worker_id` that it has not taken yet."""
+        with self._lock:
+            return self._undelivered[worker_id]
+
+    def committed(self, core: Dispatcher, events: Sequence[Event]) -> None:
+        assignments: list[tuple[str, dict[str, Any]]] = []
+        finished: dict[str, dict[str, Any]] = {}
+        lost: list[str] = []
+        for event in events:
+            if isinstance(event, Assigned | Reassigned):
+                assignment = assignment_of(core, event.job_id)
+                if assignment is not None and assignment["lease"] == event.lease:
+                    assignments.append((event.worker_id, assignment))
+            elif isinstance(event, WorkerLost):
+                lost.append(event.worker_id)
+            if isinstance(event, JobEvent):
+                job = core.job_view(event.job_id)
+                if job is not None and job.status in TERMINAL_STATUSES:
+                    finished[job.id] = public_job(job)
+        self._metrics.observe_committed(core, events)
+        if not (assignments or finished or lost):
+            return
+        with self._lock:
+            for worker_id in lost:
+                self._undelivered.pop(worker_id, None)
+            for worker_id, _ in assignments:
+                self._undelivered[worker_id] += 1
+        self._loop.call_soon_threadsafe(self._deliver, assignments, finished, lost)
+
+    def stopped(self, error: BaseException | None) -> None:
+        # Waiters re-read on wake-up: a stopped leader makes them answer 503 or redirect.
+        self._loop.call_soon_threadsafe(self._wake_everyone)
+
+    # --- asyncio loop -----------------------------------------------------------------------
+
+    def _deliver(
+        self,
+        assignments: list[tuple[str, dict[str, Any]]],
+        finished: dict[str, dict[str, Any]],
+        lost: list[str],
+    ) -> None:
+        for worker_id in lost:
+            outbox = self.outboxes.get(worker_id)
+            if outbox is not None:
+                outbox.items.clear()
+                outbox.changed.set()
+        for worker_id, assignment in assignments:
+            outbox = self.outbox(worker_id)
+            outbox.items.append(assignment)
+            outbox.changed.set()
+        for job_id, job in finished.items():
+            for waiter in self._job_waiters.pop(job_id, []):
+                if not waiter.done():
+                    waiter.set_result(None)
+            for stream in self._client_streams.get(job["client_id"], ()):
+                stream.put_nowait({"type": "result", **job})
+
+    def _wake_everyone(self) -> None:
+        for outbox in self.outboxes.values():
+            outbox.changed.set()
+        for waiters in self._job_waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        self._job_waiters.clear()
+
+    def outbox(self, worker_id: str) -> Outbox:
+        outbox = self.outboxes.get(worker_id)
+        if outbox is None:
+            outbox = self.outboxes[worker_id] = Outbox()
+        return outbox
+
+    def take(self, worker_id: str, limit: int | None = None) -> list[dict[str, Any]]:
+        taken = self.outbox(worker_id).take(limit)
+        if taken:
+            with self._lock:
+                self._undelivered[worker_id] = max(0, self._undelivered[worker_id] - len(taken))
+        return taken
+
+    def wait_for_job(self, job_id: str) -> asyncio.Future[None]:
+        """A future set when `job_id` is next seen terminal (register before reading)."""
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._job_waiters[job_id].append(waiter)
+        return waiter
+
+    def forget_waiter(self, job_id: str, waiter: asyncio.Future[None]) -> None:
+        waiters = self._job_waiters.get(job_id)
+        if waiters and waiter in waiters:
+            waiters.remove(waiter)
+            if not waiters:
+                del self._job_waiters[job_id]
+
+    def subscribe(self, client_id: str) -> asyncio.Queue[dict[str, Any]]:
+        stream: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._client_streams[client_id].add(stream)
+        return stream
+
+    def unsubscribe(self, client_id: str, stream: asyncio.Queue[dict[str, Any]]) -> None:
+        self._client_streams[client_id].discard(stream)

@@ -1,0 +1,174 @@
+"""The leader's Kafka adapter: the submit reader, the transactional event log, and replay.
+
+Write-ahead, for real: everything one loop iteration decided (an ordered batch of events, the
+rejection records of bad submissions, and the submit offsets consumed) commits in one Kafka
+transaction. A submission is therefore consumed exactly when its `enqueued` event is durable,
+and a leader that dies mid-iteration leaves nothing half-done. All leaders of one group share
+one `transactional_id`, so `init_transactions` by a new leader fences the old one: its next
+commit fails, and it must step down.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from dispatch.event_records import EventBatch, decode_batch
+from dispatch.settings import KafkaSettings
+
+
+def submit_group_id(group: str) -> str:
+    """The consumer group whose committed offsets say which submissions were consumed."""
+    return f"dispatch-{group}-leader"
+
+
+def transactional_id(group: str) -> str:
+    """Shared by every leader of a group: a new leader's init fences the previous one."""
+    return f"dispatch-{group}-leader"
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRecord:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+class SubmitReader:
+    """Reads `dispatch.submit` (read_committed) from the position the last commit recorded."""
+
+    def __init__(self, kafka: KafkaSettings, group: str, *, client_id: str) -> None:
+        self.topic = kafka.submit_topic
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=kafka.bootstrap,
+            group_id=submit_group_id(group),
+            client_id=client_id,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            max_poll_records=5000,
+            fetch_max_wait_ms=5,
+        )
+        partitions = self._consumer.partitions_for_topic(self.topic)
+        if not partitions:
+            self._consumer.close()
+            raise RuntimeError(f"topic {self.topic!r} does not exist: run `dispatch up`")
+        # Manual assignment, no group membership: there is one reader per group (the leader),
+        # and a failover must not wait for a rebalance. The committed offsets still live in
+        # the group, written by the event log's transactions.
+        self._partitions = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        self._consumer.assign(self._partitions)
+        self._next: dict[TopicPartition, int] = {}
+
+    def poll(self, timeout_ms: int) -> list[SubmitRecord]:
+        polled = self._consumer.poll(timeout_ms=timeout_ms)
+        records: list[SubmitRecord] = []
+        for partition, batch in polled.items():
+            for record in batch:
+                records.append(
+                    SubmitRecord(partition.partition, record.offset, record.key, record.value)
+                )
+            self._next[partition] = batch[-1].offset + 1
+        return records
+
+    def take_offsets(self) -> dict[TopicPartition, int]:
+        """The next offsets to commit for what `poll` returned since the last call."""
+        taken, self._next = self._next, {}
+        return taken
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class EventLog:
+    """The leader's transactional producer on `dispatch.events` (and the rejected topic)."""
+
+    def __init__(self, kafka: KafkaSettings, group: str, *, client_id: str) -> None:
+        self.kafka = kafka
+        self.group = group
+        self._producer = KafkaProducer(
+            bootstrap_servers=kafka.bootstrap,
+            client_id=client_id,
+            transactional_id=transactional_id(group),
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=0,
+            max_request_size=16 * 1024 * 1024,
+            transaction_timeout_ms=15_000,
+            max_block_ms=15_000,
+        )
+        # Fences every earlier producer of this group and aborts its open transaction, so
+        # what the replay reads next is everything the old leader ever committed.
+        self._producer.init_transactions()
+
+    def commit(
+        self,
+        events_records: Sequence[bytes],
+        rejections: Sequence[bytes],
+        offsets: dict[TopicPartition, int],
+    ) -> None:
+        """One transaction: the events records, the rejections, the consumed submit offsets.
+
+        Raises a KafkaError on failure (ProducerFencedError when a newer leader took over):
+        the caller's in-memory state is then ahead of the log and must be rebuilt."""
+        producer = self._producer
+        producer.begin_transaction()
+        for record in events_records:
+            producer.send(self.kafka.events_topic, key=self.group.encode(), value=record)
+        for rejection in rejections:
+            producer.send(self.kafka.rejected_topic, value=rejection)
+        if offsets:
+            producer.send_offsets_to_transaction(
+                {
+                    partition: OffsetAndMetadata(offset, "", -1)
+                    for partition, offset in offsets.items()
+                },
+                submit_group_id(self.group),
+            )
+        producer.commit_transaction()
+
+    def close(self) -> None:
+        self._producer.close(timeout=5)
+
+
+def replay_events(
+    kafka: KafkaSettings, *, client_id: str, timeout_s: float = 120.0
+) -> Iterator[EventBatch]:
+    """Every committed batch of `dispatch.events`, from the beginning to the current end.
+
+    Call after `EventLog` init (which aborted any open transaction of a dead leader), so the
+    end read here is final until this leader writes."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=kafka.bootstrap,
+        client_id=client_id,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        max_poll_records=2000,
+    )
+    try:
+        partitions = [
+            TopicPartition(kafka.events_topic, p)
+            for p in sorted(consumer.partitions_for_topic(kafka.events_topic) or ())
+        ]
+        if not partitions:
+            raise RuntimeError(f"topic {kafka.events_topic!r} does not exist: run `dispatch up`")
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        end = consumer.end_offsets(partitions)
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(p) < end[p] for p in partitions):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replaying {kafka.events_topic} took over {timeout_s:.0f}s")
+            for batch in consumer.poll(timeout_ms=500).values():
+                for record in batch:
+                    if record.value is not None:
+                        yield decode_batch(record.value)
+    finally:
+        consumer.close()

@@ -1,0 +1,237 @@
+"""The leader's dispatcher loop: the one thread that owns the pure core.
+
+Every request (HTTP, WebSocket) becomes a `Command` in the mailbox. Each loop iteration takes
+the waiting commands and the newly consumed submissions, lets the core decide (the core applies
+its own events in memory at once), runs a tick (timeouts, delayed jobs, assignment), and then
+commits everything decided in **one** Kafka transaction. Only after that commit are replies
+answered, assignments handed to workers and results to waiting clients: nothing is visible
+outside the leader before it is durable (SPEC 10, "strict assign after commit").
+
+A failed commit means the in-memory state is ahead of the log: the loop stops, every waiting
+request fails with `LeaderUnavailable`, and the node builds a fresh leader from the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from api.kafka_log import EventLog, SubmitReader, replay_events
+from api.metrics import Metrics
+from dispatch.core.dispatcher import Dispatcher
+from dispatch.core.errors import Rejected
+from dispatch.core.events import Event
+from dispatch.event_records import encode_batches
+from dispatch.settings import Settings
+from dispatch.submit_records import Rejection, SubmissionError, parse_submit_record
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_MS = 5
+"""How long an idle loop waits for submissions; also the worst extra latency of a command."""
+
+PRUNE_EVERY_S = 60.0
+"""How often finished jobs older than the dedup window are forgotten (memory stays bounded)."""
+
+
+class LeaderUnavailable(Exception):
+    """This leader stopped (fenced, failed commit, shutting down); retry on the new one."""
+
+
+Decide = Callable[[Dispatcher, float], list[Event]]
+Answer = Callable[[Dispatcher, list[Event]], Any]
+
+
+@dataclass
+class Command:
+    """`decide` runs on the loop thread and may raise Rejected (nothing applied); `answer`
+    runs after the commit, on committed state, and its value resolves `future`."""
+
+    decide: Decide
+    answer: Answer | None = None
+    future: Future[Any] = field(default_factory=Future)
+
+
+class CommitListener(Protocol):
+    """Told, on the loop thread, what each commit made durable (deliveries, notifications)."""
+
+    def committed(self, core: Dispatcher, events: Sequence[Event]) -> None: ...
+
+    def stopped(self, error: BaseException | None) -> None: ...
+
+
+class Leader:
+    """One leadership term: fence, rebuild, then run the loop until stopped or failed."""
+
+    def __init__(
+        self, settings: Settings, node_id: str, listener: CommitListener, metrics: Metrics
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.node_id = node_id
+        self.group = settings.dispatcher.group
+        self.listener = listener
+        self.core = Dispatcher(settings.dispatcher.core_config())
+        self._mailbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._log: EventLog | None = None
+        self._reader: SubmitReader | None = None
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.rebuild_s: float | None = None
+        self._next_prune = 0.0
+        self.replayed_batches = 0
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Fence the previous leader, rebuild from the log, open for traffic (blocking)."""
+        started = time.monotonic()
+        kafka = self.settings.kafka
+        client_id = f"dispatch-{self.node_id}"
+        self._log = EventLog(kafka, self.group, client_id=client_id)
+        for batch in replay_events(kafka, client_id=f"{client_id}-replay"):
+            if batch.group == self.group:
+                self.core.apply_all(batch.events)
+                self.replayed_batches += 1
+        self._reader = SubmitReader(kafka, self.group, client_id=client_id)
+        now = time.time()
+        # An epoch above every epoch in the log; the lease will hand these out (issue 6).
+        events = self.core.begin_epoch(self.core.epoch + 1, now, holder=self.node_id)
+        events += self.core.resume(now)
+        self._commit(events, [], {})
+        self.listener.committed(self.core, events)
+        self.rebuild_s = time.monotonic() - started
+        log.info(
+            "leader %s: epoch %d after replaying %d batches in %.2fs",
+            self.node_id, self.core.epoch, self.replayed_batches, self.rebuild_s,
+        )  # fmt: skip
+        self._thread = threading.Thread(target=self._run, name="dispatch-leader", daemon=True)
+        self._thread.start()
+        self.ready.set()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stopping.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        self._close()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _close(self) -> None:
+        for closeable in (self._reader, self._log):
+            if closeable is not None:
+                try:
+                    closeable.close()
+                except Exception:
+                    log.warning("closing %s failed", type(closeable).__name__, exc_info=True)
+        self._reader = self._log = None
+
+    # --- requests --------------------------------------------------------------------------
+
+    def submit(self, command: Command) -> Future[Any]:
+        """Queue a command for the loop; its future resolves after the commit."""
+        if self.error is not None or self._stopping.is_set():
+            command.future.set_exception(LeaderUnavailable("this leader has stopped"))
+        else:
+            self._mailbox.put(command)
+        return command.future
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        error: BaseException | None = None
+        try:
+            while not self._stopping.is_set():
+                self._iterate()
+        except BaseException as failure:
+            error = failure
+            self.error = failure
+            log.exception("leader %s stopped: its state can no longer be trusted", self.node_id)
+        finally:
+            self._fail_waiting(error)
+            self.listener.stopped(error)
+
+    def _drain(self) -> list[Command]:
+        commands = []
+        while True:
+            try:
+                commands.append(self._mailbox.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _iterate(self) -> None:
+        assert self._reader is not None
+        commands = self._drain()
+        records = self._reader.poll(timeout_ms=0 if commands else IDLE_POLL_MS)
+        now = time.time()
+        core = self.core
+        events: list[Event] = []
+        decided: list[tuple[Command, list[Event]]] = []
+        for command in commands:
+            try:
+                own = command.decide(core, now)
+            except Rejected as rejected:
+                command.future.set_exception(rejected)
+                continue
+            events += own
+            decided.append((command, own))
+        rejections: list[bytes] = []
+        if records:
+            max_payload = self.settings.api.max_payload_bytes
+            submissions = []
+            for record in records:
+                try:
+                    submissions.append(
+                        parse_submit_record(record.key, record.value, max_payload_bytes=max_payload)
+                    )
+                except SubmissionError as error:
+                    rejection = Rejection(
+                        str(error), self._reader.topic, record.partition, record.offset,
+                        record.key, record.value, now,
+                    )  # fmt: skip
+                    rejections.append(rejection.to_record_value())
+            events += core.submit_many(submissions, now)
+        events += core.tick(now)
+        if now >= self._next_prune:
+            self._next_prune = now + PRUNE_EVERY_S
+            events += core.prune(now - self.settings.dispatcher.dedup_window_s, now)
+        offsets = self._reader.take_offsets()
+        if events or rejections or offsets:
+            try:
+                self._commit(events, rejections, offsets)
+            except BaseException as error:
+                # Decided but not durable: none of these may be answered as done.
+                for command, _ in decided:
+                    command.future.set_exception(LeaderUnavailable(f"commit failed: {error!r}"))
+                raise
+        for command, own in decided:
+            try:
+                command.future.set_result(command.answer(core, own) if command.answer else own)
+            except Exception as error:  # noqa: BLE001  (a bad answer must reach its caller)
+                command.future.set_exception(error)
+        if events:
+            self.listener.committed(core, events)
+
+    def _commit(
+        self, events: list[Event], rejections: list[bytes], offsets: dict[Any, int]
+    ) -> None:
+        assert self._log is not None
+        records = encode_batches(self.group, self.core.epoch, events) if events else []
+        started = time.perf_counter()
+        self._log.commit(records, rejections, offsets)
+        self.metrics.commit_seconds.observe(time.perf_counter() - started)
+
+    def _fail_waiting(self, error: BaseException | None) -> None:
+        reason = LeaderUnavailable(f"leader stopped: {error!r}" if error else "leader stopped")
+        for command in self._drain():
+            command.future.set_exception(reason)

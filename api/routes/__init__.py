@@ -1,0 +1,1 @@
+"""The REST contract, one router per concern."""

@@ -1,0 +1,145 @@
+"""Clients: submit, read (with long-poll), cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Query, Response
+
+from api.auth import Principal, Role
+from api.deps import ClientDep, NodeDep
+from api.errors import ApiError
+from api.hub import public_job
+from api.node import Node
+from api.schemas import Accepted, AcceptedBatch, JobBatch, JobSubmission, JobView
+from dispatch.core.commands import SubmitRequest
+from dispatch.core.dispatcher import Dispatcher
+from dispatch.core.job import TERMINAL_STATUSES
+
+router = APIRouter(prefix="/v1", tags=["jobs"])
+
+MAX_WAIT_S = 60.0
+
+
+def to_request(body: JobSubmission, principal: Principal, where: str = "body") -> SubmitRequest:
+    foreign = body.client_id is not None and body.client_id != principal.client_id
+    if foreign and principal.role is not Role.ADMIN:
+        raise ApiError(403, f"{where}.client_id: only admins may submit for another client")
+    try:
+        return SubmitRequest(
+            id=body.id if body.id is not None else uuid.uuid4().hex,
+            exec=body.exec,
+            payload=body.payload,
+            client_id=body.client_id or principal.client_id,
+            max_attempts=body.max_attempts,
+            timeout_s=body.timeout_s,
+            priority=body.priority,
+            delay_s=body.delay_s,
+        )
+    except ValueError as error:
+        raise ApiError(422, f"{where}.{error}") from None
+
+
+def _visible(job: dict[str, Any] | None, principal: Principal, job_id: str) -> dict[str, Any]:
+    # Another client's job answers exactly like a missing one: ids do not leak.
+    if job is None or (
+        principal.role is not Role.ADMIN and job["client_id"] != principal.client_id
+    ):
+        raise ApiError(404, f"no job {job_id!r}")
+    return job
+
+
+async def _known(node: Node, ids: list[str]) -> dict[str, dict[str, Any]]:
+    def answer(core: Dispatcher, _events: list[Any]) -> dict[str, dict[str, Any]]:
+        found = {}
+        for job_id in ids:
+            job = core.job_view(job_id)
+            if job is not None:
+                found[job_id] = public_job(job)
+        return found
+
+    return dict(await node.read(answer))
+
+
+async def _accept(
+    node: Node, requests: list[SubmitRequest], principal: Principal
+) -> list[Accepted]:
+    """Known ids answer with the existing job; the rest go to Kafka (202 once acknowledged)."""
+    # A membership test on the core's job dict is atomic under the GIL: it keeps the common
+    # case (new ids) off the leader loop, and only ids seen there get a consistent read.
+    core = node.leader().core
+    seen = [request.id for request in requests if request.id in core]
+    known = await _known(node, seen) if seen else {}
+    fresh = [request for request in requests if request.id not in known]
+    await node.produce_submissions(fresh)
+    answers = []
+    for request in requests:
+        existing = known.get(request.id)
+        if existing is None:
+            answers.append(Accepted(id=request.id, status="queued"))
+        elif principal.role is not Role.ADMIN and existing["client_id"] != principal.client_id:
+            raise ApiError(409, f"job id {request.id!r} is taken")
+        else:
+            answers.append(Accepted(id=request.id, status=existing["status"], existing=True))
+    return answers
+
+
+@router.post("/jobs", status_code=202, response_model=Accepted)
+async def submit(
+    body: JobSubmission, node: NodeDep, principal: ClientDep, response: Response
+) -> Accepted:
+    """Submit one job. Answered once Kafka has it; the same id again answers the existing job."""
+    [accepted] = await _accept(node, [to_request(body, principal)], principal)
+    if accepted.existing:
+        response.status_code = 200
+    return accepted
+
+
+@router.post("/jobs:batch", status_code=202, response_model=AcceptedBatch)
+async def submit_batch(body: JobBatch, node: NodeDep, principal: ClientDep) -> AcceptedBatch:
+    """Submit many jobs; all are validated before any is written."""
+    requests = [to_request(job, principal, f"body.jobs[{i}]") for i, job in enumerate(body.jobs)]
+    return AcceptedBatch(jobs=await _accept(node, requests, principal))
+
+
+@router.get("/jobs/{job_id}", response_model=JobView)
+async def read_job(
+    job_id: str,
+    node: NodeDep,
+    principal: ClientDep,
+    wait: float = Query(0.0, ge=0, le=MAX_WAIT_S, description="Long-poll until terminal"),
+) -> dict[str, Any]:
+    """A job's status, attempts, result or error; `?wait=S` waits until it is terminal."""
+    assert node.hub is not None
+    deadline = time.monotonic() + wait
+    while True:
+        # Registered before the read, so a job finishing in between still wakes us.
+        waiter = node.hub.wait_for_job(job_id) if wait else None
+        job = (await _known(node, [job_id])).get(job_id)
+        remaining = deadline - time.monotonic()
+        if (
+            waiter is None
+            or remaining <= 0
+            or (job is not None and job["status"] in TERMINAL_STATUSES)
+        ):
+            if waiter is not None:
+                node.hub.forget_waiter(job_id, waiter)
+            return _visible(job, principal, job_id)
+        try:
+            await asyncio.wait_for(waiter, timeout=remaining)
+        except TimeoutError:
+            node.hub.forget_waiter(job_id, waiter)
+
+
+@router.delete("/jobs/{job_id}", response_model=JobView)
+async def cancel(job_id: str, node: NodeDep, principal: ClientDep) -> dict[str, Any]:
+    """Cancel a queued job (409 if it is running or finished)."""
+    _visible((await _known(node, [job_id])).get(job_id), principal, job_id)
+    view: dict[str, Any] = await node.call(
+        lambda core, now: core.cancel(job_id, now),
+        lambda core, _events: public_job(core.job_view(job_id)),
+    )
+    return view

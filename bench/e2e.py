@@ -1,0 +1,334 @@
+"""`dispatch bench`: end-to-end jobs/s and latency through a real broker and a real node,
+beside the raw kafka-python produce→consume rate of the same records on the same broker.
+
+What runs: the broker of the local stack if one answers, else a temporary one; fresh topics;
+`dispatch serve` as a process of its own (as in production, it does not share a GIL with the
+load); W WebSocket workers and a batch submitter in this process. Latencies come from the
+committed event log itself (`assigned.at` / `completed.at` minus `enqueued.at`), so they
+measure the dispatcher, not this process's scheduling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import websockets
+from kafka import KafkaConsumer, KafkaProducer
+
+from api.auth import ensure_dev_keys
+from api.kafka_log import replay_events
+from dispatch.core.events import Assigned, Completed
+from dispatch.settings import Settings, to_environment
+from dispatch.stack.broker import Broker, create_topics
+from dispatch.stack.ports import free_port
+
+DISPATCH = str(Path(sys.executable).parent / "dispatch")
+
+
+@dataclass
+class BenchResult:
+    jobs: int
+    workers: int
+    payload_bytes: int
+    rate_limit: float | None
+    seconds: float
+    jobs_per_s: float
+    submit_to_assign_ms: dict[str, float]
+    submit_to_complete_ms: dict[str, float]
+    raw_kafka_records_per_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.jobs_per_s / self.raw_kafka_records_per_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ratio_to_raw_kafka": round(self.ratio, 3)}
+
+
+def percentiles(seconds: list[float]) -> dict[str, float]:
+    if not seconds:
+        return {}
+    ordered = sorted(seconds)
+
+    def at(fraction: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000, 2)
+
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": round(ordered[-1] * 1000, 2)}
+
+
+@contextlib.contextmanager
+def broker_for(settings: Settings) -> Iterator[Settings]:
+    """The running local broker, or a temporary one on free ports, stopped afterwards."""
+    if Broker(settings).running() is not None:
+        yield settings
+        return
+    with tempfile.TemporaryDirectory(prefix="dispatch-bench-broker-") as scratch:
+        temporary = settings.model_copy(
+            update={
+                "paths": settings.paths.model_copy(update={"var": Path(scratch)}),
+                "kafka": settings.kafka.model_copy(
+                    update={"bootstrap": f"127.0.0.1:{free_port()}", "controller_port": free_port()}
+                ),
+            }
+        )
+        broker = Broker(temporary)
+        broker.start()
+        try:
+            yield temporary
+        finally:
+            broker.stop()
+
+
+def bench_settings(settings: Settings, scratch: Path) -> Settings:
+    """Fresh topics and keys of this run, on the given broker."""
+    namespace = f"bench-{int(time.time() * 1000)}"
+    return settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(
+                update={
+                    "submit_topic": f"{namespace}.dispatch.submit",
+                    "events_topic": f"{namespace}.dispatch.events",
+                    "rejected_topic": f"{namespace}.dispatch.submit.rejected",
+                }
+            ),
+            "auth": settings.auth.model_copy(
+                update={"keys_file": scratch / "keys.json", "dev_keys_file": scratch / "dev.json"}
+            ),
+            # No-op jobs are acked at once; a generous timeout keeps retries out of the figure.
+            "dispatcher": settings.dispatcher.model_copy(
+                update={"ack_timeout_s": 60.0, "max_ack_timeout_s": 120.0, "default_cap": 1_000_000}
+            ),
+        }
+    )
+
+
+def raw_kafka_rate(settings: Settings, count: int, payload_bytes: int) -> float:
+    """Records/s of kafka-python alone: produce (acks=all, idempotent) and consume
+    (read_committed) `count` records of the bench's size, concurrently, on the same broker."""
+    topic = f"{settings.kafka.submit_topic}.raw"
+    create_topics(settings.kafka, {topic: settings.kafka.submit_partitions})
+    value = json.dumps(
+        {"id": "x" * 32, "exec": "bench.noop", "payload": "p" * payload_bytes}
+    ).encode()
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=settings.kafka.bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        group_id=None,
+        max_poll_records=5000,
+    )
+    consumer.poll(timeout_ms=1000)  # join before producing, so the clock measures the flow
+    producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap, acks="all", linger_ms=2)
+
+    def produce() -> None:
+        for n in range(count):
+            producer.send(topic, key=str(n).encode(), value=value)
+        producer.flush()
+
+    started = time.monotonic()
+    sender = threading.Thread(target=produce)
+    sender.start()
+    received = 0
+    while received < count:
+        received += sum(len(batch) for batch in consumer.poll(timeout_ms=1000).values())
+        if time.monotonic() - started > 300:
+            raise TimeoutError(f"raw Kafka: {received} of {count} records in 300 s")
+    elapsed = time.monotonic() - started
+    sender.join()
+    producer.close()
+    consumer.close()
+    return count / elapsed
+
+
+class Load:
+    """Submits `jobs` no-op jobs in batches and runs `workers` WebSocket workers that ack."""
+
+    def __init__(self, url: str, keys: dict[str, str], jobs: int, workers: int, batch: int,
+                 payload_bytes: int, rate: float | None) -> None:  # fmt: skip
+        self.url, self.keys = url, keys
+        self.jobs, self.workers, self.batch = jobs, workers, batch
+        self.payload = "p" * payload_bytes
+        self.rate = rate
+        self.completed = 0
+        self.done = asyncio.Event()
+        self.submitted_at: dict[str, float] = {}
+        """Wall time at which each job's submit request was sent (same clock as the leader's)."""
+
+    async def run(self) -> float:
+        ready = [asyncio.Event() for _ in range(self.workers)]
+        tasks = [
+            asyncio.create_task(self._worker(f"bench-w{n}", ready[n])) for n in range(self.workers)
+        ]
+        await asyncio.gather(*(event.wait() for event in ready))
+        started = time.monotonic()
+        await self._submit()
+        await asyncio.wait_for(self.done.wait(), timeout=600)
+        elapsed = time.monotonic() - started
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return elapsed
+
+    async def _submit(self) -> None:
+        headers = {"Authorization": f"Bearer {self.keys['client']}"}
+        limits = asyncio.Semaphore(4)  # a few batches in flight hide one round trip each
+        started = time.monotonic()
+        async with httpx.AsyncClient(base_url=self.url, headers=headers, timeout=60) as client:
+
+            async def post(first: int) -> None:
+                async with limits:
+                    jobs = [
+                        {"id": f"job-{n}", "exec": "bench.noop", "payload": self.payload}
+                        for n in range(first, min(first + self.batch, self.jobs))
+                    ]
+                    sent = time.time()
+                    for job in jobs:
+                        self.submitted_at[job["id"]] = sent
+                    answer = await client.post("/v1/jobs:batch", json={"jobs": jobs})
+                    answer.raise_for_status()
+
+            posts = []
+            for first in range(0, self.jobs, self.batch):
+                if self.rate:
+                    # Open loop at the target rate: batch k leaves at k * batch / rate.
+                    delay = started + first / self.rate - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                posts.append(asyncio.create_task(post(first)))
+            await asyncio.gather(*posts)
+
+    async def _worker(self, worker_id: str, ready: asyncio.Event) -> None:
+        url = self.url.replace("http://", "ws://") + "/v1/stream"
+        headers = {"Authorization": f"Bearer {self.keys['worker']}"}
+        credit = 512
+        async with websockets.connect(
+            url, additional_headers=headers, proxy=None, max_queue=None, compression=None
+        ) as socket:
+            hello = {"type": "hello", "role": "worker", "worker_id": worker_id,
+                     "subjects": ["job.assign.bench.>"]}  # fmt: skip
+            await socket.send(json.dumps(hello))
+            await socket.send(json.dumps({"type": "credit", "credits": credit}))
+            ready.set()
+            pending: list[dict[str, Any]] = []
+
+            async def flush_acks() -> None:
+                # No-op jobs finish at once: acking what arrived in the last 2 ms in one
+                # `acks` message is what a busy worker SDK does too.
+                while True:
+                    await asyncio.sleep(0.002)
+                    if pending:
+                        batch = pending[:]
+                        pending.clear()
+                        await socket.send(json.dumps({"type": "acks", "acks": batch}))
+
+            flusher = asyncio.create_task(flush_acks())
+            try:
+                async for raw in socket:
+                    message = json.loads(raw)
+                    if message["type"] == "assign":
+                        pending.append({"id": message["id"], "attempt": message["attempt"],
+                                        "lease": message["lease"], "result": None})  # fmt: skip
+                    elif message["type"] == "settled_many":
+                        settled = len(message["results"])
+                        self.completed += settled
+                        # Acks return no credit (SPEC 5): the worker grants more when ready.
+                        await socket.send(json.dumps({"type": "credit", "credits": settled}))
+                        if self.completed >= self.jobs:
+                            self.done.set()
+            finally:
+                flusher.cancel()
+
+
+def latencies(
+    settings: Settings, submitted_at: dict[str, float]
+) -> tuple[list[float], list[float]]:
+    """Submit→assign and submit→complete of every job: the submit time is when the request
+    left this process, the others are the leader's decision times in the committed log."""
+    to_assign: list[float] = []
+    to_complete: list[float] = []
+    for batch in replay_events(settings.kafka, client_id="bench-audit"):
+        for event in batch.events:
+            submitted = submitted_at.get(getattr(event, "job_id", ""))
+            if submitted is None:
+                continue
+            if isinstance(event, Assigned) and event.attempt == 1:
+                to_assign.append(event.at - submitted)
+            elif isinstance(event, Completed):
+                to_complete.append(event.at - submitted)
+    return to_assign, to_complete
+
+
+def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payload_bytes: int,
+              rate: float | None) -> BenchResult:  # fmt: skip
+    with (
+        broker_for(settings) as on_broker,
+        tempfile.TemporaryDirectory(prefix="dispatch-bench-") as scratch,
+    ):
+        run = bench_settings(on_broker, Path(scratch))
+        create_topics(run.kafka)
+        raw = raw_kafka_rate(run, jobs, payload_bytes)
+        keys = ensure_dev_keys(run.auth)
+        port = free_port()
+        log_file = Path(scratch) / "node.log"
+        with log_file.open("wb") as log:
+            node = subprocess.Popen(
+                [DISPATCH, "serve", "--port", str(port), "--node-id", "bench"],
+                env={**os.environ, **to_environment(run)}, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_ready(url, node, log_file)
+            load = Load(url, keys, jobs, workers, batch, payload_bytes, rate)
+            try:
+                elapsed = asyncio.run(load.run())
+            except Exception as error:
+                raise RuntimeError(
+                    f"{error!r}; the node's log ends:\n{log_file.read_text()[-6000:]}"
+                ) from error
+            terms = httpx.get(f"{url}/readyz", timeout=5).json()["terms"]
+            if terms != 1:
+                log_tail = log_file.read_text()[-5000:]
+                raise RuntimeError(f"the leader restarted during the run:\n{log_tail}")
+        finally:
+            node.send_signal(signal.SIGTERM)
+            try:
+                node.wait(30)
+            except subprocess.TimeoutExpired:
+                node.kill()
+                node.wait()
+        to_assign, to_complete = latencies(run, load.submitted_at)
+        return BenchResult(
+            jobs=jobs, workers=workers, payload_bytes=payload_bytes, rate_limit=rate,
+            seconds=round(elapsed, 3), jobs_per_s=round(jobs / elapsed, 1),
+            submit_to_assign_ms=percentiles(to_assign),
+            submit_to_complete_ms=percentiles(to_complete),
+            raw_kafka_records_per_s=round(raw, 1),
+        )  # fmt: skip
+
+
+def _wait_ready(url: str, node: subprocess.Popen[bytes], log_file: Path) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if node.poll() is not None:
+            raise RuntimeError(f"the node exited:\n{log_file.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the node was not ready in 90 s:\n{log_file.read_text()[-3000:]}")

@@ -1,0 +1,91 @@
+"""The `dispatch.events` record format: one record carries an ordered batch of events.
+
+kafka-python is pure Python, so a record per event per job costs more than the dispatching
+itself; the leader writes everything one transaction decided as one record (DESIGN.md,
+"amortise per-record cost"), and the streaming fold explodes it. Key: the dispatcher group,
+so a group's batches stay in one partition, in order.
+
+Value: `{"v": 1, "group": str, "epoch": int, "events": [event.to_dict(), ...]}`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dispatch.core.events import Event, event_from_dict
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    group: str
+    epoch: int
+    events: list[Event]
+
+
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+"""Aim for records of at most this size; the events topic accepts 16 MiB (one event carries a
+payload of up to `api.max_payload_bytes`, so a single event may exceed the aim)."""
+
+
+def encode_batch(group: str, epoch: int, events: Sequence[Event]) -> bytes:
+    """One record holding all `events` (use `encode_batches` when they may be many)."""
+    return b"".join(_records(group, epoch, [_encode(event) for event in events], None))
+
+
+def encode_batches(
+    group: str, epoch: int, events: Sequence[Event], max_bytes: int = MAX_RECORD_BYTES
+) -> list[bytes]:
+    """The events, in order, as as few records as fit `max_bytes` each (at least one event
+    per record). They go into one transaction, so they become visible together."""
+    return list(_records(group, epoch, [_encode(event) for event in events], max_bytes))
+
+
+def _encode(event: Event) -> bytes:
+    return json.dumps(event.to_dict(), separators=(",", ":")).encode()
+
+
+def _records(group: str, epoch: int, encoded: list[bytes], max_bytes: int | None) -> list[bytes]:
+    head = b'{"v":%d,"group":%s,"epoch":%d,"events":[' % (
+        FORMAT_VERSION, json.dumps(group).encode(), epoch,
+    )  # fmt: skip
+    records: list[bytes] = []
+    chunk: list[bytes] = []
+    size = len(head) + 2
+    for item in encoded:
+        if chunk and max_bytes is not None and size + len(item) + 1 > max_bytes:
+            records.append(head + b",".join(chunk) + b"]}")
+            chunk, size = [], len(head) + 2
+        chunk.append(item)
+        size += len(item) + 1
+    records.append(head + b",".join(chunk) + b"]}")
+    return records
+
+
+def decode_batch(raw: bytes) -> EventBatch:
+    """Parse one events record; ValueError naming the bad part if it is not one."""
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"events record: not JSON ({error})") from None
+    if not isinstance(document, dict):
+        raise ValueError("events record: expected a JSON object")
+    if document.get("v") != FORMAT_VERSION:
+        raise ValueError(f"events record.v: unsupported format version {document.get('v')!r}")
+    group, epoch, events = document.get("group"), document.get("epoch"), document.get("events")
+    if not isinstance(group, str) or not group:
+        raise ValueError("events record.group: expected a non-empty string")
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError("events record.epoch: expected an integer >= 0")
+    if not isinstance(events, list):
+        raise ValueError("events record.events: expected a list")
+    parsed = []
+    for index, item in enumerate(events):
+        try:
+            parsed.append(event_from_dict(item))
+        except ValueError as error:
+            raise ValueError(f"events record.events[{index}]: {error}") from None
+    return EventBatch(group, epoch, parsed)

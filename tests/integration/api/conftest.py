@@ -1,0 +1,125 @@
+"""A real API node per test: uvicorn on a free loopback port, in this process, against the
+session's real Kafka broker and the test's own topics."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+
+from api.app import create_app
+from api.auth import KeyRing, ensure_dev_keys
+from api.node import Node
+from dispatch.settings import Settings
+from dispatch.stack.ports import free_port
+
+
+@dataclass
+class RunningNode:
+    settings: Settings
+    node: Node
+    url: str
+    keys: dict[str, str]
+
+    def client(self, role: str = "admin", timeout: float = 30.0) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {self.keys[role]}"},
+            timeout=timeout,
+        )
+
+
+class _ThreadServer(uvicorn.Server):
+    def install_signal_handlers(self) -> None:
+        # Signals belong to pytest's main thread.
+        pass
+
+
+def start_node(settings: Settings) -> tuple[RunningNode, _ThreadServer, threading.Thread]:
+    port = free_port()
+    keys = ensure_dev_keys(settings.auth)
+    node = Node(settings, f"test-{port}", f"http://127.0.0.1:{port}")
+    app = create_app(settings, node, KeyRing.load(settings.auth.keys_file))
+    server = _ThreadServer(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", ws="websockets-sansio"
+        )
+    )
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    running = RunningNode(settings, node, f"http://127.0.0.1:{port}", keys)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{running.url}/readyz", timeout=2).status_code == 200:
+                return running, server, thread
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    server.should_exit = True
+    thread.join(15)
+    raise RuntimeError("the API node did not become ready within 60 s")
+
+
+@pytest.fixture
+def api_settings(topics: Settings) -> Settings:
+    """Per-test settings with short timeouts, so retries show within a test."""
+    auth = topics.auth.model_copy(
+        update={
+            "keys_file": topics.paths.var / "api-keys.json",
+            "dev_keys_file": topics.paths.var / "dev-keys.json",
+        }
+    )
+    dispatcher = topics.dispatcher.model_copy(
+        update={
+            "ack_timeout_s": 1.0,
+            "max_ack_timeout_s": 4.0,
+            "max_attempts": 3,
+            "worker_expiry_s": 3.0,
+        }
+    )
+    return topics.model_copy(update={"auth": auth, "dispatcher": dispatcher})
+
+
+@pytest.fixture
+def api_node(api_settings: Settings) -> Iterator[RunningNode]:
+    running, server, thread = start_node(api_settings)
+    try:
+        yield running
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def poll(
+    worker: httpx.Client,
+    worker_id: str,
+    subjects: list[str],
+    credits: int = 1,
+    wait_s: float = 10.0,
+) -> list[dict[str, object]]:
+    answer = worker.post(
+        f"/v1/workers/{worker_id}/poll",
+        json={"subjects": subjects, "credits": credits, "wait_s": wait_s},
+    )
+    assert answer.status_code == 200, answer.text
+    assignments: list[dict[str, object]] = answer.json()["assignments"]
+    return assignments
+
+
+def poll_until(
+    worker: httpx.Client, worker_id: str, subjects: list[str], count: int, timeout_s: float = 30.0
+) -> list[dict[str, object]]:
+    """Poll until `count` assignments arrived (or fail after `timeout_s`)."""
+    got: list[dict[str, object]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"got {len(got)} of {count} assignments"
+        got += poll(worker, worker_id, subjects, credits=count - len(got), wait_s=2.0)
+    return got

@@ -1,0 +1,207 @@
+"""Clients over REST against a real node and a real Kafka broker."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from kafka import KafkaConsumer, KafkaProducer
+
+from dispatch.submit_records import Rejection
+from tests.integration.api.conftest import RunningNode, poll, poll_until
+
+
+def ack(worker: httpx.Client, assignment: dict[str, object], result: object = None) -> None:
+    answer = worker.post(
+        f"/v1/jobs/{assignment['id']}/ack",
+        json={"attempt": assignment["attempt"], "lease": assignment["lease"], "result": result},
+    )
+    assert answer.status_code == 200, answer.text
+
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_job_flows_from_submit_to_worker_and_back(api_node: RunningNode) -> None:
+    with api_node.client("client") as client, api_node.client("worker") as worker:
+        accepted = client.post(
+            "/v1/jobs", json={"exec": "image.resize", "payload": {"w": 10}, "id": "job-1"}
+        )
+        assert accepted.status_code == 202, accepted.text
+        assert accepted.json() == {"id": "job-1", "status": "queued", "existing": False}
+
+        polled = worker.post(
+            "/v1/workers/w1/poll",
+            json={"subjects": ["job.assign.image.*"], "credits": 1, "wait_s": 10},
+        )
+        assert polled.status_code == 200, polled.text
+        [assignment] = polled.json()["assignments"]
+        assert assignment["id"] == "job-1"
+        assert assignment["payload"] == {"w": 10}
+        assert assignment["attempt"] == 1
+
+        acked = worker.post(
+            "/v1/jobs/job-1/ack",
+            json={"attempt": 1, "lease": assignment["lease"], "result": {"ok": True}},
+        )
+        assert acked.status_code == 200, acked.text
+        assert acked.json()["status"] == "succeeded"
+
+        job = client.get("/v1/jobs/job-1", params={"wait": 5}).json()
+        assert job["status"] == "succeeded"
+        assert job["result"] == {"ok": True}
+        assert job["attempts"] == 1
+        assert "lease" not in job
+
+
+def test_a_raw_kafka_producer_submission_runs_like_a_rest_one(api_node: RunningNode) -> None:
+    kafka = api_node.settings.kafka
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
+    producer.send(
+        kafka.submit_topic,
+        key=b"raw-1",
+        value=json.dumps({"id": "raw-1", "exec": "report.build", "payload": [1, 2]}).encode(),
+    ).get(timeout=30)
+    producer.close()
+    with api_node.client("admin") as admin, api_node.client("worker") as worker:
+        [assignment] = poll_until(worker, "w1", ["job.assign.report.>"], 1)
+        assert (assignment["id"], assignment["payload"]) == ("raw-1", [1, 2])
+        ack(worker, assignment, result="done")
+        job = admin.get("/v1/jobs/raw-1", params={"wait": 10}).json()
+        assert (job["status"], job["client_id"], job["result"]) == ("succeeded", "kafka", "done")
+
+
+def test_malformed_records_land_in_the_rejected_topic_and_the_rest_go_on(
+    api_node: RunningNode,
+) -> None:
+    kafka = api_node.settings.kafka
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
+    bad = [b"{not json", json.dumps({"id": "x", "payload": 1}).encode()]
+    for value in bad:
+        producer.send(kafka.submit_topic, key=b"x", value=value)
+    good = json.dumps({"id": "good-1", "exec": "a.b", "payload": None}).encode()
+    producer.send(kafka.submit_topic, key=b"good-1", value=good).get(timeout=30)
+    producer.close()
+
+    consumer = KafkaConsumer(
+        kafka.rejected_topic,
+        bootstrap_servers=kafka.bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        consumer_timeout_ms=20_000,
+    )
+    rejections = []
+    try:
+        for record in consumer:
+            rejections.append(Rejection.from_record_value(record.value))
+            if len(rejections) == len(bad):
+                break
+    finally:
+        consumer.close()
+    assert sorted(rejection.value for rejection in rejections if rejection.value) == sorted(bad)
+    reasons = " | ".join(rejection.reason for rejection in rejections)
+    assert "not JSON" in reasons
+    assert "exec" in reasons
+    with api_node.client("admin") as admin:
+        assert admin.get("/v1/jobs/good-1", params={"wait": 0}).status_code in (200, 404)
+        deadline = time.monotonic() + 20
+        while admin.get("/v1/jobs/good-1").status_code != 200:
+            assert time.monotonic() < deadline, (
+                "the good record after the bad ones was not enqueued"
+            )
+            time.sleep(0.1)
+
+
+def test_a_duplicate_submission_yields_one_job(api_node: RunningNode) -> None:
+    with api_node.client("client") as client, api_node.client("worker") as worker:
+        first = client.post("/v1/jobs", json={"id": "dup", "exec": "a.b", "payload": 1})
+        assert first.status_code == 202
+        [assignment] = poll_until(worker, "w1", ["job.assign.a.b"], 1)
+        again = client.post("/v1/jobs", json={"id": "dup", "exec": "a.b", "payload": 2})
+        assert again.status_code == 200
+        assert again.json() == {"id": "dup", "status": "running", "existing": True}
+        ack(worker, assignment)
+        assert poll(worker, "w1", ["job.assign.a.b"], wait_s=1.0) == []
+        job = client.get("/v1/jobs/dup").json()
+        assert (job["status"], job["payload"], job["attempts"]) == ("succeeded", 1, 1)
+
+
+def test_a_batch_is_validated_whole_and_accepted_whole(api_node: RunningNode) -> None:
+    with api_node.client("client") as client:
+        refused = client.post("/v1/jobs:batch", json={"jobs": [{"exec": "a.b"}, {"exec": "a..b"}]})
+        assert refused.status_code == 422
+        assert "body.jobs[1].exec" in refused.json()["detail"]
+        accepted = client.post(
+            "/v1/jobs:batch", json={"jobs": [{"exec": "a.b", "id": f"b{n}"} for n in range(50)]}
+        )
+        assert accepted.status_code == 202
+        assert [job["id"] for job in accepted.json()["jobs"]] == [f"b{n}" for n in range(50)]
+    with api_node.client("admin") as admin:
+        deadline = time.monotonic() + 20
+        while sum(q["ready"] for q in admin.get("/v1/queues").json()["queues"]) < 50:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def test_result_is_awaited_with_long_poll(api_node: RunningNode) -> None:
+    with api_node.client("client") as client, api_node.client("worker") as worker:
+        client.post("/v1/jobs", json={"id": "slow", "exec": "a.b"})
+        [assignment] = poll_until(worker, "w1", ["job.assign.>"], 1)
+        timer = threading.Timer(0.4, lambda: ack(worker, assignment, result=42))
+        timer.start()
+        started = time.monotonic()
+        job = client.get("/v1/jobs/slow", params={"wait": 20}).json()
+        timer.join()
+        assert job["status"] == "succeeded" and job["result"] == 42
+        assert 0.3 < time.monotonic() - started < 10
+
+
+def test_cancel_a_queued_job_but_not_a_running_one(api_node: RunningNode) -> None:
+    with api_node.client("client") as client, api_node.client("worker") as worker:
+        client.post("/v1/jobs", json={"id": "c1", "exec": "a.b"})
+        client.post("/v1/jobs", json={"id": "c2", "exec": "a.b"})
+        [assignment] = poll_until(worker, "w1", ["job.assign.a.b"], 1)
+        running, queued = (assignment["id"], "c2" if assignment["id"] == "c1" else "c1")
+        refused = client.delete(f"/v1/jobs/{running}")
+        assert refused.status_code == 409
+        assert refused.json()["error"] == "not_cancellable"
+        cancelled = client.delete(f"/v1/jobs/{queued}")
+        assert cancelled.status_code == 200
+        assert cancelled.json()["status"] == "cancelled"
+        # (The running one may come back as a retry once its 1 s deadline passes.)
+        later = poll(worker, "w1", ["job.assign.a.b"], credits=5, wait_s=1.0)
+        assert queued not in [assignment["id"] for assignment in later]
+
+
+def test_a_permanent_failure_dead_letters_and_redrive_runs_it_again(api_node: RunningNode) -> None:
+    with api_node.client("admin") as admin, api_node.client("worker") as worker:
+        admin.post("/v1/jobs", json={"id": "d1", "exec": "a.b", "max_attempts": 5})
+        [assignment] = poll_until(worker, "w1", ["job.assign.a.b"], 1)
+        failed = worker.post(
+            "/v1/jobs/d1/fail",
+            json={
+                "attempt": 1,
+                "lease": assignment["lease"],
+                "error": "bad input",
+                "retryable": False,
+            },
+        )
+        assert failed.json()["status"] == "dead"
+        [dead] = admin.get("/v1/dlq").json()["jobs"]
+        assert (dead["id"], dead["dead_reason"], dead["error"]) == (
+            "d1",
+            "permanent_failure",
+            "bad input",
+        )
+
+        redriven = admin.post("/v1/dlq/d1/redrive")
+        assert redriven.status_code == 200
+        assert (redriven.json()["status"], redriven.json()["attempts"]) == ("queued", 0)
+        assert admin.post("/v1/dlq/d1/redrive").status_code == 409
+        [again] = poll_until(worker, "w1", ["job.assign.a.b"], 1)
+        assert again["attempt"] == 1
+        ack(worker, again)
+        assert admin.get("/v1/dlq").json()["jobs"] == []

@@ -1,0 +1,68 @@
+"""The events record format: an ordered batch per record, refused whole when malformed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dispatch.core.events import Assigned, Enqueued, WorkerJoined
+from dispatch.event_records import decode_batch, encode_batch, encode_batches
+
+
+def test_a_batch_round_trips_in_order() -> None:
+    events = [
+        WorkerJoined(epoch=3, at=10.0, worker_id="w1", subjects=("job.assign.>",)),
+        Enqueued(
+            epoch=3, at=10.5, job_id="j1", client_id="c", exec="a.b", payload={"k": [1, 2]},
+            max_attempts=5, timeout_s=30.0, seq=1,
+        ),
+        Assigned(
+            epoch=3, at=11.0, job_id="j1", worker_id="w1", attempt=1, lease="3-1", deadline=41.0
+        ),
+    ]  # fmt: skip
+    batch = decode_batch(encode_batch("default", 3, events))
+    assert (batch.group, batch.epoch) == ("default", 3)
+    assert batch.events == events
+
+
+@pytest.mark.parametrize(
+    ("raw", "part"),
+    [
+        (b"nope", "not JSON"),
+        (json.dumps({"v": 99, "group": "g", "epoch": 1, "events": []}).encode(), "version"),
+        (json.dumps({"v": 1, "group": "", "epoch": 1, "events": []}).encode(), "group"),
+        (json.dumps({"v": 1, "group": "g", "epoch": -1, "events": []}).encode(), "epoch"),
+        (
+            json.dumps({"v": 1, "group": "g", "epoch": 1, "events": [{"type": "nope"}]}).encode(),
+            r"events\[0\]",
+        ),
+    ],
+)
+def test_a_malformed_record_names_what_is_wrong(raw: bytes, part: str) -> None:
+    with pytest.raises(ValueError, match=part):
+        decode_batch(raw)
+
+
+def test_many_events_split_into_records_of_bounded_size_in_order() -> None:
+    events = [
+        Enqueued(
+            epoch=1, at=float(n), job_id=f"j{n}", client_id="c", exec="a.b", payload="x" * 500,
+            max_attempts=5, timeout_s=30.0, seq=n,
+        )
+        for n in range(100)
+    ]  # fmt: skip
+    records = encode_batches("g", 1, events, max_bytes=10_000)
+    assert len(records) > 5
+    assert all(len(record) <= 10_000 for record in records)
+    decoded = [event for record in records for event in decode_batch(record).events]
+    assert decoded == events
+
+
+def test_an_event_larger_than_the_bound_still_gets_a_record_of_its_own() -> None:
+    big = Enqueued(
+        epoch=1, at=0.0, job_id="big", client_id="c", exec="a.b", payload="x" * 5000,
+        max_attempts=1, timeout_s=1.0, seq=1,
+    )  # fmt: skip
+    records = encode_batches("g", 1, [big, big], max_bytes=1000)
+    assert [decode_batch(record).events for record in records] == [[big], [big]]

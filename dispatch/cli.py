@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dispatch.cli_jobs import register as register_job_commands
 from dispatch.settings import ConfigError, Settings, load_settings
 from dispatch.stack.jars import JarError
 from dispatch.stack.local import ComponentStatus, LocalStack, StopSignals
@@ -165,6 +166,10 @@ def bench(
     ):
         table.add_row(name, "  ".join(f"{key} {value:g}" for key, value in figures.items()))
     console.print(table)
+
+
+# The job commands (submit, status ID, dlq, worker) live in their own module.
+register_job_commands(app)
 
 
 def main() -> None:

@@ -1,14 +1,18 @@
 """`WS /v1/stream`: the prototype's TCP protocol as JSON messages over one socket.
 
 First message `hello`: `{"type": "hello", "role": "worker", "worker_id", "subjects"}` or
-`{"type": "hello", "role": "client"}`. A worker then sends `credit {credits}` (additive),
-`ack {id, attempt, lease, result}`, `fail {id, attempt, lease, error, retryable}`,
-`heartbeat {id, attempt, lease}`, `acks {acks: [{id, attempt, lease, result}, ...]}` (many
-at once, answered by one `settled_many {results: [{id, status} | {id, error, detail}]}`), and
-receives `assign {id, exec, payload, attempt, deadline,
-lease}` and `settled {id, status}`. A client receives `result {...job}` for each of its jobs
-that ends. Errors come as `error {error, detail}`. A worker whose socket closes is lost at
-once: its jobs are requeued. The key: `Authorization: Bearer` or `?key=` (browsers).
+`{"type": "hello", "role": "client"}`.
+
+A worker then sends `credit {credits}` (additive), `ack {id, attempt, lease, result}`,
+`fail {id, attempt, lease, error, retryable}`, `heartbeat {id, attempt, lease}`, `ping`
+(answered `pong`) and `acks {acks: [{id, attempt, lease, result}, ...]}` (many at once,
+answered by one `settled_many {results: [{id, status} | {id, error, detail}]}`); it receives
+`assign {id, exec, payload, attempt, deadline, lease}` and `settled {id, status}`. A worker
+stays known while its socket is open (the node heartbeats for it) and is lost at once when
+the socket closes: its jobs are requeued.
+
+A client receives `result {...job}` for each of its jobs that ends. Errors come as
+`error {error, detail}`. The key: `Authorization: Bearer` or `?key=` (browsers).
 """
 
 from __future__ import annotations
@@ -124,7 +128,17 @@ async def _serve_worker(
             # The socket or the leader is gone; the reader below notices and cleans up.
             log.debug("worker %s: message not settled", worker_id, exc_info=True)
 
+    async def keep_alive() -> None:
+        # An open socket is a live worker: its loss is the socket closing, not silence. So
+        # the node heartbeats for it, well inside the expiry that applies to REST pollers.
+        interval = node.settings.dispatcher.worker_expiry_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(Rejected, LeaderUnavailable):
+                await node.call(lambda core, now: core.worker_heartbeat(worker_id, now))
+
     pusher = asyncio.create_task(push_assignments())
+    keeper = asyncio.create_task(keep_alive())
     handlers: set[asyncio.Task[None]] = set()
     try:
         while True:
@@ -136,6 +150,7 @@ async def _serve_worker(
             task.add_done_callback(handlers.discard)
     finally:
         pusher.cancel()
+        keeper.cancel()
         for task in handlers:
             task.cancel()
         with contextlib.suppress(Rejected, LeaderUnavailable):
@@ -151,6 +166,10 @@ async def _worker_message(socket: WebSocket, node: Node, worker_id: str, message
     if kind == "credit":
         credits = _field(message, "credits", int)
         await node.call(lambda core, now: core.grant_credit(worker_id, credits, now))
+        return
+    if kind == "ping":
+        await node.call(lambda core, now: core.worker_heartbeat(worker_id, now))
+        await socket.send_json({"type": "pong"})
         return
     if kind == "acks":
         await _acks(socket, node, worker_id, _field(message, "acks", list))

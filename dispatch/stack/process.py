@@ -119,6 +119,10 @@ class ManagedProcess:
         while time.monotonic() < deadline:
             self._reap()
             if not is_running(record.pid, record.ticks):
+                # A zombie child is not running but not reaped yet either: wait for it, or
+                # Python warns that the subprocess is still running.
+                if self._child is not None and self._child.pid == record.pid:
+                    self._child.wait(timeout=5)
                 return True
             time.sleep(0.1)
         return False

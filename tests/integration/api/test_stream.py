@@ -115,3 +115,24 @@ def test_a_bad_hello_or_a_wrong_role_closes_the_socket_with_a_reason(api_node: R
             )
         )
         assert _receive(socket, "error")["error"] == "forbidden"
+
+
+def test_an_idle_socket_worker_stays_known_past_the_expiry(api_node: RunningNode) -> None:
+    expiry = api_node.settings.dispatcher.worker_expiry_s
+    with _socket(api_node, "worker") as worker, api_node.client("admin") as admin:
+        hello = {
+            "type": "hello",
+            "role": "worker",
+            "worker_id": "idle",
+            "subjects": ["job.assign.>"],
+        }
+        worker.send(json.dumps(hello))
+        _receive(worker, "welcome")
+        time.sleep(expiry * 1.7)
+        known = [w["worker_id"] for w in admin.get("/v1/workers").json()["workers"]]
+        assert "idle" in known
+        worker.send(json.dumps({"type": "ping"}))
+        assert _receive(worker, "pong") == {"type": "pong"}
+        worker.send(json.dumps({"type": "credit", "credits": 1}))
+        admin.post("/v1/jobs", json={"id": "late", "exec": "a.b"})
+        assert _receive(worker, "assign")["id"] == "late"

@@ -1,0 +1,481 @@
+"""The job commands of `dispatch`: `submit`, `status ID`, `dlq list`, `dlq redrive`, `worker`.
+
+`register(app)` adds them to the `dispatch` Typer app. Output is for people (rich), or one
+JSON document on stdout with `--json`; an error is one line on stderr. Exit codes:
+
+| code | meaning |
+|---|---|
+| 0 | done (with `--wait`: the job succeeded) |
+| 1 | the request failed (API error, no node reachable) |
+| 2 | bad usage or input (a flag, `--payload` that is not JSON, a bad line in `--file`) |
+| 3 | `--wait` ran out of time before the job ended |
+| 4 | `--wait`: the job ended dead or cancelled |
+
+Run them before `dispatch/cli.py` registers them with `python -m dispatch.cli_jobs ...`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from typer.models import CommandInfo
+
+from dispatch.client import Accepted, Client, DispatchError, Job, Submission, WaitTimeout
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 3
+EXIT_JOB_FAILED = 4
+
+CLI_RETRY_S = 15.0
+"""How long a command retries when no node answers: enough to ride out a leader failover
+(a lease lasts 10 s), short enough to fail soon when nothing runs."""
+_REGISTERED = "_dispatch_job_commands"
+STATUS_COLOURS = {"queued": "cyan", "running": "yellow", "succeeded": "green", "dead": "red",
+                  "cancelled": "magenta"}  # fmt: skip
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        help="Node URL(s), comma-separated. Default: $DISPATCH_URL, else http://127.0.0.1:8000.",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+# --- plumbing -------------------------------------------------------------------------------
+
+
+def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
+    # typer.echo, not rich: rich wraps long lines, and an error must stay one line.
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, ensure_ascii=False))
+
+
+@contextmanager
+def _client(url: str | None) -> Iterator[Client]:
+    """A client from `--url` or the environment; API and network errors become one line."""
+    try:
+        client = Client(url or None, retry_timeout_s=CLI_RETRY_S)
+    except ValueError as error:
+        _fail(f"--url: {error}", EXIT_USAGE)
+    try:
+        with client:
+            yield client
+    except DispatchError as error:
+        _fail(str(error))
+
+
+def _when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="seconds")
+
+
+def _short_json(value: Any, limit: int = 300) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _status(status: str) -> str:
+    colour = STATUS_COLOURS.get(status, "white")
+    return f"[{colour}]{escape(status)}[/{colour}]"
+
+
+def _show_job(job: Job) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    rows: list[tuple[str, str]] = [
+        ("id", escape(job.id)),
+        ("exec", escape(job.exec)),
+        ("client", escape(job.client_id)),
+        ("status", _status(job.status)),
+        ("attempts", f"{job.attempts} of {job.max_attempts}"),
+        ("payload", escape(_short_json(job.payload))),
+        ("submitted", _when(job.submitted_at)),
+        ("updated", _when(job.updated_at)),
+    ]
+    if job.priority:
+        rows.append(("priority", str(job.priority)))
+    if job.not_before is not None and job.status == "queued":
+        rows.append(("not before", _when(job.not_before)))
+    if job.worker_id is not None:
+        rows.append(("worker", escape(job.worker_id)))
+    if job.deadline is not None and job.status == "running":
+        rows.append(("deadline", _when(job.deadline)))
+    if job.status == "succeeded":
+        rows.append(("result", escape(_short_json(job.result))))
+    if job.error:
+        rows.append(("error", escape(job.error)))
+    if job.dead_reason:
+        rows.append(("dead reason", escape(job.dead_reason)))
+    for name, value in rows:
+        table.add_row(name, value)
+    Console().print(table)
+
+
+def _job_exit_code(job: Job) -> int:
+    return 0 if job.status == "succeeded" else EXIT_JOB_FAILED
+
+
+# --- submit ---------------------------------------------------------------------------------
+
+
+def _parse_payload(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        _fail(f"--payload: not valid JSON ({error})", EXIT_USAGE)
+
+
+def read_jobs_file(path: Path) -> list[Submission]:
+    """The submissions of a JSON-lines file (blank lines skipped); a bad line raises
+    ValueError naming the file and line, before anything is sent."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise ValueError(f"{path}: {error.strerror or error}") from None
+    jobs = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            jobs.append(Submission.model_validate(json.loads(line)))
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in problem['loc']) or 'line'}: {problem['msg']}"
+                for problem in error.errors()
+            )
+            raise ValueError(f"{path}:{number}: {problems}") from None
+        except ValueError as error:
+            raise ValueError(f"{path}:{number}: not valid JSON ({error})") from None
+    return jobs
+
+
+def submit(
+    exec_name: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[EXEC]", help="Job type, dotted: image.resize.", show_default=False
+        ),
+    ] = None,
+    payload: Annotated[
+        str | None, typer.Option("--payload", "-p", help="The payload, as JSON.")
+    ] = None,
+    job_id: Annotated[
+        str | None, typer.Option("--id", help="Job id (made here when absent).")
+    ] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file", "-f", help="Submit every line of a JSON-lines file.", dir_okay=False
+        ),
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the job ends.")] = False,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", min=0, help="Give up waiting after S seconds.")
+    ] = None,
+    max_attempts: Annotated[int | None, typer.Option("--max-attempts", min=1)] = None,
+    priority: Annotated[int, typer.Option("--priority", help="Higher runs first.")] = 0,
+    delay: Annotated[float, typer.Option("--delay", min=0, help="Start after S seconds.")] = 0.0,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Submit a job: `submit EXEC --payload JSON [--wait]`, or many: `submit --file jobs.jsonl`."""
+    if file is not None:
+        if exec_name is not None or payload is not None or job_id is not None or wait:
+            _fail("--file submits the file's jobs: give no EXEC, --payload, --id or --wait",
+                  EXIT_USAGE)  # fmt: skip
+        _submit_file(file, url, as_json)
+        return
+    if exec_name is None:
+        _fail("give an EXEC (job type) or --file", EXIT_USAGE)
+    if timeout is not None and not wait:
+        _fail("--timeout is how long --wait waits: add --wait", EXIT_USAGE)
+    try:
+        submission = Submission(
+            exec=exec_name, payload=_parse_payload(payload), id=job_id, max_attempts=max_attempts,
+            priority=priority, delay_s=delay,
+        )  # fmt: skip
+    except ValidationError as error:
+        _fail(str(error.errors()[0]["msg"]), EXIT_USAGE)
+    with _client(url) as client:
+        accepted = client.submit(**submission.to_body())
+        if not wait:
+            _show_accepted(accepted, as_json)
+            return
+        if not as_json:
+            _show_accepted(accepted, as_json=False)
+        try:
+            job = client.wait(accepted.id, timeout)
+        except WaitTimeout as timed_out:
+            if as_json:
+                _print_json(timed_out.job.model_dump())
+            _fail(timed_out.detail, EXIT_TIMEOUT)
+    if as_json:
+        _print_json(job.model_dump())
+    else:
+        _show_job(job)
+    raise typer.Exit(_job_exit_code(job))
+
+
+def _show_accepted(accepted: Accepted, as_json: bool) -> None:
+    if as_json:
+        _print_json(accepted.model_dump())
+    elif accepted.existing:
+        Console().print(f"job {escape(accepted.id)} already exists: {_status(accepted.status)}")
+    else:
+        Console().print(f"accepted job {escape(accepted.id)}: {_status(accepted.status)}")
+
+
+def _submit_file(path: Path, url: str | None, as_json: bool) -> None:
+    try:
+        jobs = read_jobs_file(path)
+    except ValueError as error:
+        _fail(str(error), EXIT_USAGE)
+    if not jobs:
+        _fail(f"{path}: no jobs in the file", EXIT_USAGE)
+    accepted: list[Accepted] = []
+    progress = Progress(
+        TextColumn("submitting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=as_json,
+    )  # fmt: skip
+    with _client(url) as client, progress:
+        task = progress.add_task("submit", total=len(jobs))
+
+        def advance(answers: list[Accepted]) -> None:
+            accepted.extend(answers)
+            progress.advance(task, len(answers))
+
+        try:
+            client.submit_many(jobs, on_batch=advance)
+        except DispatchError as error:
+            progress.stop()
+            _fail(f"{error} ({len(accepted)} of {len(jobs)} jobs were accepted before it)")
+    existing = sum(1 for answer in accepted if answer.existing)
+    if as_json:
+        _print_json({"submitted": len(accepted), "new": len(accepted) - existing,
+                     "existing": existing, "ids": [answer.id for answer in accepted]})  # fmt: skip
+    else:
+        Console().print(
+            f"submitted {len(accepted)} jobs ({len(accepted) - existing} new, "
+            f"{existing} already known)"
+        )
+
+
+# --- status and the dead-letter queue -------------------------------------------------------
+
+
+def job_status(job_id: str, url: str | None, as_json: bool) -> None:
+    """`dispatch status ID`: one job's status, attempts, result or error."""
+    with _client(url) as client:
+        job = client.get(job_id)
+    if as_json:
+        _print_json(job.model_dump())
+    else:
+        _show_job(job)
+
+
+def _status_command(stack_status: Callable[[], None] | None) -> Callable[..., None]:
+    def status(
+        job_id: Annotated[
+            str | None,
+            typer.Argument(metavar="[ID]", help="A job id: show that job.", show_default=False),
+        ] = None,
+        url: UrlOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Show a job (`status ID`), or which processes of the local stack run (`status`)."""
+        if job_id is not None:
+            job_status(job_id, url, as_json)
+        elif stack_status is not None:
+            if url is not None or as_json:
+                _fail("--url and --json apply to `status ID` only", EXIT_USAGE)
+            stack_status()
+        else:
+            _fail("give a job ID", EXIT_USAGE)
+
+    return status
+
+
+def dlq_list(
+    exec_name: Annotated[str | None, typer.Option("--exec", help="Only jobs of this exec.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 100,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List dead-lettered jobs, oldest first."""
+    with _client(url) as client:
+        jobs = client.dlq(exec_name, limit)
+    if as_json:
+        _print_json([job.model_dump() for job in jobs])
+        return
+    if not jobs:
+        Console().print(
+            "the dead-letter queue is empty" + (f" for {exec_name}" if exec_name else "")
+        )
+        return
+    table = Table()
+    for name in ("id", "exec", "client", "attempts", "reason"):
+        table.add_column(name, no_wrap=True)  # short words: wrapping them only hurts
+    table.add_column("error", overflow="fold", ratio=1)
+    table.add_column("updated", no_wrap=True)
+    for job in jobs:
+        table.add_row(
+            escape(job.id), escape(job.exec), escape(job.client_id), str(job.attempts),
+            escape(job.dead_reason or "-"), escape(job.error or "-"), _when(job.updated_at),
+        )  # fmt: skip
+    Console().print(table)
+
+
+def dlq_redrive(
+    job_id: Annotated[str, typer.Argument(metavar="ID", help="A dead job's id.")],
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Requeue a dead job with its attempts reset."""
+    with _client(url) as client:
+        job = client.redrive(job_id)
+    if as_json:
+        _print_json(job.model_dump())
+    else:
+        Console().print(f"redriven job {escape(job.id)}: {_status(job.status)}, attempts reset")
+
+
+# --- worker ---------------------------------------------------------------------------------
+
+
+def load_app(reference: str) -> Any:
+    """The WorkerApp at `module:attribute` (a callable there is called to make one). The
+    current directory is importable, as with `python -m`."""
+    from worker.sdk import WorkerApp
+
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"--app: expected module:attribute, got {reference!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"--app: cannot import {module_name!r}: {error}") from None
+    for part in attribute.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise ValueError(f"--app: {module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(found, WorkerApp) and callable(found):
+        found = found()
+    if not isinstance(found, WorkerApp):
+        raise ValueError(f"--app: {reference} is a {type(found).__name__}, not a WorkerApp")
+    return found
+
+
+def worker(
+    app_reference: Annotated[
+        str, typer.Option("--app", help="The WorkerApp to run, as module:attribute.")
+    ],
+    subjects: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--subjects",
+            "-s",
+            help="Subject patterns to take (job.assign.image.*), repeated or comma-separated. "
+            "Default: every handler's.",
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", "-c", min=1, help="Jobs at once.")
+    ] = None,
+    transport: Annotated[
+        str | None, typer.Option("--transport", help="ws (WebSocket) or rest (long-poll).")
+    ] = None,
+    grace: Annotated[
+        float | None,
+        typer.Option("--grace", min=0, help="Seconds running jobs get to finish on SIGTERM."),
+    ] = None,
+    worker_id: Annotated[str | None, typer.Option("--worker-id", help="Default: unique.")] = None,
+    url: UrlOption = None,
+) -> None:
+    """Run a worker process: take jobs for the app's handlers until SIGTERM or Ctrl-C."""
+    from worker.sdk import RunOptions, WorkerError
+
+    if transport is not None and transport not in ("ws", "rest"):
+        _fail(f"--transport: expected ws or rest, got {transport!r}", EXIT_USAGE)
+    patterns = [part.strip() for item in subjects or [] for part in item.split(",") if part.strip()]
+    try:
+        app = load_app(app_reference)
+        options: RunOptions = {
+            "urls": url,
+            "worker_id": worker_id,
+            "subjects": patterns or None,
+            "concurrency": concurrency,
+            "transport": "rest" if transport == "rest" else "ws" if transport else None,
+            "grace_s": grace,
+        }
+        app.options(**options)  # checked here, so a mistake is one line and exit code 2
+    except (ValueError, WorkerError) as error:
+        _fail(str(error), EXIT_USAGE)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    try:
+        app.run(**options)
+    except WorkerError as error:
+        _fail(str(error), EXIT_USAGE)
+    except DispatchError as error:
+        _fail(str(error))
+
+
+# --- registration ---------------------------------------------------------------------------
+
+
+def _command_name(info: CommandInfo) -> str | None:
+    if info.name:
+        return info.name
+    callback = info.callback
+    return callback.__name__.replace("_", "-") if callback is not None else None
+
+
+def register(app: typer.Typer) -> None:
+    """Add the job commands to `app` (again: nothing). `status` keeps its stack view
+    without an ID and shows a job with one."""
+    if getattr(app, _REGISTERED, False):
+        return
+    stack_status = None
+    for info in list(app.registered_commands):
+        if _command_name(info) == "status":
+            stack_status = info.callback
+            app.registered_commands.remove(info)
+    app.command("submit")(submit)
+    app.command("status")(_status_command(stack_status))
+    dlq = typer.Typer(help="Read and repair the dead-letter queue.", no_args_is_help=True)
+    dlq.command("list")(dlq_list)
+    dlq.command("redrive")(dlq_redrive)
+    app.add_typer(dlq, name="dlq")
+    app.command("worker")(worker)
+    setattr(app, _REGISTERED, True)
+

@@ -1,0 +1,1100 @@
+"""The client SDK: `Client` (sync) and `AsyncClient` (asyncio), on httpx.
+
+Both speak the REST contract of DESIGN.md and are ready for failover: a follower's `307`
+is followed to the leader it names (and remembered), connection errors and `503` are
+retried with exponential backoff and jitter across the node list, for at most
+`retry_timeout_s` in total. A request is retried blindly only when that is safe: either the
+server cannot have seen it (the connection was refused, a `503`, a `307`), or it is
+idempotent (reads; submissions, whose id is made here before the first try; settlements,
+keyed by attempt and lease).
+
+Configuration, highest first: arguments, the environment (`DISPATCH_URL`, comma-separated
+node URLs, and `DISPATCH_API_KEY`), then the local stack (`http://127.0.0.1:8000` and the
+admin key of `dispatch keys`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar
+from urllib.parse import quote, urlsplit
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+MAX_BATCH = 1000
+"""Jobs per `POST /v1/jobs:batch` request sent by `submit_many`."""
+MAX_WAIT_PER_REQUEST_S = 60.0
+"""The server's cap on `?wait=`; longer waits are made of several long-polls."""
+TERMINAL_STATUSES = frozenset({"succeeded", "dead", "cancelled"})
+STREAM_PATH = "/v1/stream"
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+class DispatchError(Exception):
+    """A request failed. `status` is the HTTP status (None when no node answered), `error`
+    the API's error code (`not_found`, `stale_lease`...), `detail` its explanation."""
+
+    def __init__(self, detail: str, *, error: str = "error", status: int | None = None) -> None:
+        super().__init__(f"{error}: {detail}")
+        self.detail = detail
+        self.error = error
+        self.status = status
+
+
+class BadRequest(DispatchError):
+    """400: the request is malformed."""
+
+
+class Unauthorized(DispatchError):
+    """401: no API key, or an unknown one."""
+
+
+class Forbidden(DispatchError):
+    """403: the key's role may not do this."""
+
+
+class NotFound(DispatchError):
+    """404: no such job (another client's job also answers this)."""
+
+
+class Conflict(DispatchError):
+    """409: the job is not in a state that allows this (`not_cancellable`, `not_dead`,
+    `stale_lease`, `already_settled`...); `error` says which."""
+
+
+class TooLarge(DispatchError):
+    """413: the request body is over the server's limit."""
+
+
+class Invalid(DispatchError):
+    """422: a field is invalid; `detail` names it."""
+
+
+class Unavailable(DispatchError):
+    """No node could serve the request within the retry budget (down, no leader, 503)."""
+
+
+class ServerError(DispatchError):
+    """Any other error status (a 5xx other than 503 is a server bug)."""
+
+
+class WaitTimeout(DispatchError, TimeoutError):
+    """`wait` ran out of time before the job ended; `job` is its last known state."""
+
+    def __init__(self, job: Job, timeout_s: float) -> None:
+        super().__init__(
+            f"job {job.id!r} is still {job.status} after {timeout_s:g} s", error="timeout"
+        )
+        self.job = job
+
+
+_BY_STATUS: dict[int, type[DispatchError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: TooLarge,
+    422: Invalid,
+    503: Unavailable,
+}
+_BY_CODE: dict[str, type[DispatchError]] = {
+    "bad_request": BadRequest,
+    "unauthorized": Unauthorized,
+    "forbidden": Forbidden,
+    "not_found": NotFound,
+    "unknown_worker": NotFound,
+    "conflict": Conflict,
+    "stale_lease": Conflict,
+    "already_settled": Conflict,
+    "not_cancellable": Conflict,
+    "not_dead": Conflict,
+    "stale_epoch": Conflict,
+    "too_large": TooLarge,
+    "invalid": Invalid,
+    "unavailable": Unavailable,
+}
+
+
+def error_from_body(status: int | None, body: Any, text: str = "") -> DispatchError:
+    """The typed error for an error answer: by HTTP status when there is one (the contract's
+    statuses are stable), else by the body's `error` code (WebSocket errors have no status)."""
+    if isinstance(body, Mapping) and isinstance(body.get("error"), str):
+        code = str(body["error"])
+        detail = str(body.get("detail", ""))
+    else:
+        code = f"http_{status}" if status is not None else "error"
+        detail = text.strip()[:300] or "no detail"
+    if status is not None:
+        kind = _BY_STATUS.get(status, ServerError if status >= 500 else DispatchError)
+    else:
+        kind = _BY_CODE.get(code, DispatchError)
+    return kind(detail, error=code, status=status)
+
+
+def error_from_response(response: httpx.Response) -> DispatchError:
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = None
+    return error_from_body(response.status_code, body, response.text)
+
+
+# --- configuration --------------------------------------------------------------------------
+
+
+def parse_urls(urls: str | Sequence[str]) -> list[str]:
+    """Node base URLs from a comma-separated string or a list, without trailing slashes."""
+    parts = urls.split(",") if isinstance(urls, str) else list(urls)
+    cleaned = [part.strip().rstrip("/") for part in parts if part.strip()]
+    for url in cleaned:
+        scheme = urlsplit(url).scheme
+        if scheme not in ("http", "https") or not urlsplit(url).netloc:
+            raise ValueError(f"expected a node URL such as {DEFAULT_URL}, got {url!r}")
+    if not cleaned:
+        raise ValueError("at least one node URL is needed")
+    return cleaned
+
+
+def default_urls() -> list[str]:
+    """`DISPATCH_URL` (comma-separated), else the local stack's first node."""
+    return parse_urls(os.environ.get("DISPATCH_URL") or DEFAULT_URL)
+
+
+def default_api_key() -> str | None:
+    """`DISPATCH_API_KEY`, else the admin key of the local stack's dev keys file (if any)."""
+    key = os.environ.get("DISPATCH_API_KEY")
+    if key:
+        return key
+    # Imported here: the settings pull in pydantic-settings and read conf/, which a client
+    # given its key and URLs never needs.
+    from dispatch.settings import ConfigError, load_settings
+
+    try:
+        dev_keys_file = load_settings().auth.dev_keys_file
+    except ConfigError:
+        return None
+    try:
+        keys = json.loads(dev_keys_file.read_text())
+    except (OSError, ValueError):
+        return None
+    admin = keys.get("admin") if isinstance(keys, dict) else None
+    return admin if isinstance(admin, str) and admin else None
+
+
+# --- retries --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with jitter: try n (from 0) waits between
+    `(1 - jitter) * c` and `c`, where `c = min(max_s, initial_s * multiplier**n)`.
+    Jitter spreads clients that all lost the same leader at the same moment."""
+
+    initial_s: float = 0.1
+    multiplier: float = 2.0
+    max_s: float = 5.0
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.initial_s <= 0 or self.multiplier < 1 or self.max_s < self.initial_s:
+            raise ValueError(f"invalid backoff {self}")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError(f"backoff jitter must be in [0, 1], got {self.jitter}")
+
+    def ceiling(self, attempt: int) -> float:
+        """The longest pause before retry number `attempt` (0-based)."""
+        # Capped exponent: multiplier**attempt would overflow a float after ~1000 tries.
+        return min(self.max_s, self.initial_s * self.multiplier ** min(attempt, 64))
+
+    def delay(self, attempt: int, draw: Callable[[], float] = random.random) -> float:
+        """The pause before retry number `attempt`; `draw` returns a number in [0, 1)."""
+        ceiling = self.ceiling(attempt)
+        return ceiling * (1 - self.jitter * draw())
+
+
+class NodeRouter:
+    """Which node to call: the one that last answered, the leader a follower named, or,
+    after a failure, the next one in the list. Shared by REST calls and streams."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self._urls = parse_urls(urls)
+        self._index = 0
+        self._lock = threading.Lock()
+
+    @property
+    def urls(self) -> list[str]:
+        with self._lock:
+            return list(self._urls)
+
+    @property
+    def current(self) -> str:
+        with self._lock:
+            return self._urls[self._index]
+
+    def failed(self, url: str) -> None:
+        """`url` did not serve: move on, unless another caller already did."""
+        with self._lock:
+            if self._urls[self._index] == url:
+                self._index = (self._index + 1) % len(self._urls)
+
+    def redirect(self, leader: str) -> None:
+        """A follower named the leader: use it from now on (added if it is new)."""
+        [url] = parse_urls([leader])
+        with self._lock:
+            if url not in self._urls:
+                self._urls.append(url)
+            self._index = self._urls.index(url)
+
+
+def leader_from_redirect(response: httpx.Response) -> str | None:
+    """The leader's base URL from a 307: the body's `leader`, else the Location's origin."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, Mapping) and isinstance(body.get("leader"), str) and body["leader"]:
+        return str(body["leader"])
+    return _origin(response.headers.get("location"))
+
+
+def _origin(location: str | None) -> str | None:
+    if not location:
+        return None
+    parts = urlsplit(location)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return None
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _retry_after_s(response: httpx.Response) -> float:
+    value = response.headers.get("retry-after", "")
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return 0.0
+
+
+# Errors raised before the request left this machine: the server cannot have acted on it.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+MAX_REDIRECTS_IN_A_ROW = 5
+
+
+@dataclass
+class _Call(Generic[T]):
+    """One logical request; `parse` turns a 2xx answer into the method's value."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    body: Any = None
+    params: dict[str, Any] | None = None
+    idempotent: bool = True
+    timeout_s: float | None = None
+
+
+@dataclass
+class _Done(Generic[T]):
+    value: T
+
+
+@dataclass
+class _Tries:
+    """The retry state of one call: how many tries, redirects in a row, and the budget."""
+
+    backoff: Backoff
+    budget_s: float
+    started: float = field(default_factory=time.monotonic)
+    retries: int = 0
+    redirects: int = 0
+
+    def pause(self, error: DispatchError, at_least_s: float = 0.0) -> float:
+        """The pause before the next try, or raise `error` once the budget is spent."""
+        delay = max(self.backoff.delay(self.retries), min(at_least_s, self.backoff.max_s))
+        self.retries += 1
+        if time.monotonic() + delay - self.started > self.budget_s:
+            raise error
+        return delay
+
+
+def _unavailable(url: str, cause: BaseException | str) -> Unavailable:
+    reason = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+    return Unavailable(f"{url}: {reason}".rstrip(": "), error="unavailable")
+
+
+class _Base:
+    """Configuration, request building and the retry decisions shared by both clients."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str] | None,
+        api_key: str | None,
+        request_timeout_s: float,
+        retry_timeout_s: float,
+        backoff: Backoff | None,
+    ) -> None:
+        self.router = NodeRouter(parse_urls(urls) if urls is not None else default_urls())
+        self.api_key = api_key if api_key is not None else default_api_key()
+        self.request_timeout_s = request_timeout_s
+        self.retry_timeout_s = retry_timeout_s
+        self.backoff = backoff or Backoff()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _tries(self) -> _Tries:
+        return _Tries(self.backoff, self.retry_timeout_s)
+
+    def _outcome(
+        self, call: _Call[T], url: str, tries: _Tries, answer: httpx.Response | httpx.HTTPError
+    ) -> _Done[T] | float:
+        """What to do after one try: done (a value), or the pause before the next try.
+        Raises the typed error when the call failed for good."""
+        if isinstance(answer, httpx.HTTPError):
+            error = _unavailable(url, answer)
+            if not isinstance(answer, httpx.TransportError) or not (
+                call.idempotent or isinstance(answer, _NOT_SENT)
+            ):
+                raise error from answer
+            self.router.failed(url)
+            return tries.pause(error)
+        status = answer.status_code
+        if status == 307:
+            leader = leader_from_redirect(answer)
+            tries.redirects += 1
+            if leader is not None and tries.redirects <= MAX_REDIRECTS_IN_A_ROW:
+                self.router.redirect(leader)
+                return 0.0
+            # A follower that does not know the leader yet (an election): wait and retry.
+            self.router.failed(url)
+            return tries.pause(_unavailable(url, "redirected, but no leader is known"))
+        tries.redirects = 0
+        if status == 503:
+            self.router.failed(url)
+            return tries.pause(error_from_response(answer), _retry_after_s(answer))
+        if status >= 400:
+            refused = error_from_response(answer)
+            if isinstance(refused, Unauthorized) and not self.api_key:
+                refused.detail += " (no API key: set DISPATCH_API_KEY or run `dispatch keys`)"
+                refused.args = (f"{refused.error}: {refused.detail}",)
+            raise refused
+        try:
+            return _Done(call.parse(answer))
+        except (ValueError, ValidationError) as problem:
+            raise ServerError(
+                f"unexpected answer from {url}: {problem}", error="bad_answer", status=status
+            ) from problem
+
+    def _timeout(self, call: _Call[Any]) -> float:
+        return call.timeout_s if call.timeout_s is not None else self.request_timeout_s
+
+
+# --- what the API answers -------------------------------------------------------------------
+
+
+class _Answer(BaseModel):
+    # Fields a newer server adds must not break an older SDK.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Accepted(_Answer):
+    id: str
+    status: str
+    existing: bool = False
+
+
+class Job(_Answer):
+    """A job as the API shows it: status, attempts, result or error."""
+
+    id: str
+    client_id: str
+    exec: str
+    payload: Any = None
+    status: str
+    attempts: int
+    max_attempts: int
+    timeout_s: float
+    priority: int = 0
+    not_before: float | None = None
+    worker_id: str | None = None
+    deadline: float | None = None
+    submitted_at: float
+    updated_at: float
+    result: Any = None
+    error: str | None = None
+    dead_reason: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """Succeeded, dead or cancelled: the job will not change unless redriven."""
+        return self.status in TERMINAL_STATUSES
+
+
+class QueueStats(_Answer):
+    exec: str
+    ready: int
+    delayed: int
+    running: int
+
+
+class WorkerInfo(_Answer):
+    worker_id: str
+    subjects: list[str]
+    credit: int
+    last_seen: float
+    running: list[str]
+
+
+class LeaderInfo(_Answer):
+    leader: str | None
+    node: str
+    is_leader: bool
+    epoch: int | None
+
+
+class Submission(BaseModel):
+    """One job to submit; unknown fields are refused here, before anything is sent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exec: str
+    payload: Any = None
+    id: str | None = None
+    max_attempts: int | None = Field(None, ge=1)
+    timeout_s: float | None = Field(None, gt=0)
+    priority: int = 0
+    delay_s: float = Field(0.0, ge=0)
+    client_id: str | None = None
+
+    def to_body(self) -> dict[str, Any]:
+        """The JSON body, with an id made here when absent: a retried submit stays one job."""
+        body = self.model_dump(exclude_none=True)
+        body.setdefault("id", new_job_id())
+        body["payload"] = self.payload
+        return body
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _model(kind: type[M]) -> Callable[[httpx.Response], M]:
+    def parse(response: httpx.Response) -> M:
+        return kind.model_validate(response.json())
+
+    return parse
+
+
+def _models(kind: type[M], key: str) -> Callable[[httpx.Response], list[M]]:
+    def parse(response: httpx.Response) -> list[M]:
+        return [kind.model_validate(item) for item in response.json()[key]]
+
+    return parse
+
+
+def submission_of(job: Submission | Mapping[str, Any], where: str = "job") -> Submission:
+    """A checked submission, or `Invalid` naming the bad field (nothing is sent)."""
+    if isinstance(job, Submission):
+        return job
+    try:
+        return Submission.model_validate(job)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join([where, *(str(part) for part in problem['loc'])])}: {problem['msg']}"
+            for problem in error.errors()
+        )
+        raise Invalid(problems, error="invalid") from None
+
+
+def _submission(jobs: Iterable[Submission | Mapping[str, Any]]) -> Iterable[dict[str, Any]]:
+    for index, job in enumerate(jobs):
+        yield submission_of(job, f"jobs[{index}]").to_body()
+
+
+def _chunks(bodies: Iterable[dict[str, Any]], size: int) -> Iterable[list[dict[str, Any]]]:
+    chunk: list[dict[str, Any]] = []
+    for body in bodies:
+        chunk.append(body)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class _Calls:
+    """The REST contract as `_Call`s (one place for paths, bodies and parsing)."""
+
+    @staticmethod
+    def submit(body: dict[str, Any]) -> _Call[Accepted]:
+        return _Call("POST", "/v1/jobs", _model(Accepted), body=body)
+
+    @staticmethod
+    def submit_batch(bodies: list[dict[str, Any]]) -> _Call[list[Accepted]]:
+        return _Call("POST", "/v1/jobs:batch", _models(Accepted, "jobs"), body={"jobs": bodies})
+
+    @staticmethod
+    def get(job_id: str, wait_s: float = 0.0, timeout_s: float | None = None) -> _Call[Job]:
+        params = {"wait": round(wait_s, 3)} if wait_s > 0 else None
+        return _Call("GET", f"/v1/jobs/{_quote(job_id)}", _model(Job), params=params,
+                     timeout_s=timeout_s)  # fmt: skip
+
+    @staticmethod
+    def cancel(job_id: str) -> _Call[Job]:
+        # Not idempotent: a repeat after a lost answer would say 409 not_cancellable.
+        return _Call("DELETE", f"/v1/jobs/{_quote(job_id)}", _model(Job), idempotent=False)
+
+    @staticmethod
+    def dlq(exec_name: str | None, limit: int) -> _Call[list[Job]]:
+        params: dict[str, Any] = {"limit": limit}
+        if exec_name is not None:
+            params["exec"] = exec_name
+        return _Call("GET", "/v1/dlq", _models(Job, "jobs"), params=params)
+
+    @staticmethod
+    def redrive(job_id: str) -> _Call[Job]:
+        return _Call("POST", f"/v1/dlq/{_quote(job_id)}/redrive", _model(Job), idempotent=False)
+
+    @staticmethod
+    def queues() -> _Call[list[QueueStats]]:
+        return _Call("GET", "/v1/queues", _models(QueueStats, "queues"))
+
+    @staticmethod
+    def workers() -> _Call[list[WorkerInfo]]:
+        return _Call("GET", "/v1/workers", _models(WorkerInfo, "workers"))
+
+    @staticmethod
+    def leader() -> _Call[LeaderInfo]:
+        return _Call("GET", "/v1/leader", _model(LeaderInfo))
+
+
+def _quote(job_id: str) -> str:
+    # Ids are free text: a `/` or `?` in one must not change the path.
+    return quote(job_id, safe="")
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if not 1 <= batch_size <= MAX_BATCH:
+        raise ValueError(f"batch_size must be in [1, {MAX_BATCH}], got {batch_size}")
+
+
+VISIBILITY_GRACE_S = 5.0
+"""How long `wait` treats an unknown id as "accepted, not consumed by the leader yet"."""
+
+
+class _Waiting:
+    """The long-poll steps of one `wait`."""
+
+    def __init__(self, job_id: str, timeout_s: float | None, poll_s: float) -> None:
+        self.job_id = job_id
+        self.timeout_s = timeout_s
+        self.started = time.monotonic()
+        self.deadline = None if timeout_s is None else self.started + timeout_s
+        self.poll_s = max(0.0, min(poll_s, MAX_WAIT_PER_REQUEST_S))
+
+    def step(self) -> float:
+        """How long the next request long-polls."""
+        if self.deadline is None:
+            return self.poll_s
+        return max(0.0, min(self.poll_s, self.deadline - time.monotonic()))
+
+    def finished(self, job: Job) -> bool:
+        """True when `job` is terminal; raises WaitTimeout once the time is up."""
+        if job.terminal:
+            return True
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise WaitTimeout(job, self.timeout_s or 0.0)
+        return False
+
+    def not_found(self, missing: NotFound) -> float:
+        """The pause before asking again about a job not visible yet, or raise `missing`."""
+        now = time.monotonic()
+        if now - self.started >= VISIBILITY_GRACE_S or (
+            self.deadline is not None and now >= self.deadline
+        ):
+            raise missing
+        return 0.05
+
+
+# --- the sync client ------------------------------------------------------------------------
+
+
+class Client(_Base):
+    """The synchronous client. Use as a context manager, or call `close()`.
+
+    `urls`: node base URLs (a list or a comma-separated string); `api_key`: a bearer key;
+    `request_timeout_s`: one HTTP request; `retry_timeout_s`: the total time one call may
+    spend retrying on other nodes or waiting for a leader."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str] | None = None,
+        api_key: str | None = None,
+        *,
+        request_timeout_s: float = 30.0,
+        retry_timeout_s: float = 30.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        super().__init__(urls, api_key, request_timeout_s, retry_timeout_s, backoff)
+        self._http = httpx.Client(headers=self.headers, follow_redirects=False)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _run(self, call: _Call[T]) -> T:
+        tries = self._tries()
+        while True:
+            url = self.router.current
+            answer: httpx.Response | httpx.HTTPError
+            try:
+                answer = self._http.request(
+                    call.method, url + call.path, json=call.body, params=call.params,
+                    timeout=self._timeout(call),
+                )  # fmt: skip
+            except httpx.HTTPError as error:
+                answer = error
+            outcome = self._outcome(call, url, tries, answer)
+            if isinstance(outcome, _Done):
+                return outcome.value
+            time.sleep(outcome)
+
+    def submit(
+        self,
+        exec: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        max_attempts: int | None = None,
+        timeout_s: float | None = None,
+        priority: int = 0,
+        delay_s: float = 0.0,
+        client_id: str | None = None,
+    ) -> Accepted:
+        """Submit one job; answered once the dispatcher's log holds it. The same `id` again
+        answers the existing job (`existing=True`)."""
+        submission = submission_of(
+            {"exec": exec, "payload": payload, "id": id, "max_attempts": max_attempts,
+             "timeout_s": timeout_s, "priority": priority, "delay_s": delay_s,
+             "client_id": client_id}
+        )  # fmt: skip
+        return self._run(_Calls.submit(submission.to_body()))
+
+    def submit_many(
+        self,
+        jobs: Iterable[Submission | Mapping[str, Any]],
+        *,
+        batch_size: int = MAX_BATCH,
+        on_batch: Callable[[list[Accepted]], None] | None = None,
+    ) -> list[Accepted]:
+        """Submit many jobs in `POST /v1/jobs:batch` requests of at most `batch_size`;
+        `on_batch` is told each batch's answers as they come (progress bars)."""
+        _check_batch_size(batch_size)
+        accepted: list[Accepted] = []
+        for chunk in _chunks(_submission(jobs), batch_size):
+            answers = self._run(_Calls.submit_batch(chunk))
+            accepted += answers
+            if on_batch is not None:
+                on_batch(answers)
+        return accepted
+
+    def get(self, id: str) -> Job:
+        return self._run(_Calls.get(id))
+
+    def wait(self, id: str, timeout_s: float | None = None, *, poll_s: float = 30.0) -> Job:
+        """Long-poll until the job is terminal; `WaitTimeout` (with the last state) after
+        `timeout_s` (None: no limit). A job accepted a moment ago may not be visible yet
+        (the leader consumes submissions from Kafka): `NotFound` is raised only if the id
+        stays unknown for `VISIBILITY_GRACE_S`."""
+        waiting = _Waiting(id, timeout_s, poll_s)
+        while True:
+            step = waiting.step()
+            try:
+                job = self._run(_Calls.get(id, step, timeout_s=step + self.request_timeout_s))
+            except NotFound as missing:
+                time.sleep(waiting.not_found(missing))
+                continue
+            if waiting.finished(job):
+                return job
+
+    def cancel(self, id: str) -> Job:
+        """Cancel a queued job (`Conflict` `not_cancellable` if it runs or ended)."""
+        return self._run(_Calls.cancel(id))
+
+    def dlq(self, exec: str | None = None, limit: int = 100) -> list[Job]:
+        """Dead-lettered jobs, oldest first (admin)."""
+        return self._run(_Calls.dlq(exec, limit))
+
+    def redrive(self, id: str) -> Job:
+        """Requeue a dead job with its attempts reset (admin; `Conflict` `not_dead`)."""
+        return self._run(_Calls.redrive(id))
+
+    def queues(self) -> list[QueueStats]:
+        return self._run(_Calls.queues())
+
+    def workers(self) -> list[WorkerInfo]:
+        return self._run(_Calls.workers())
+
+    def leader(self) -> LeaderInfo:
+        return self._run(_Calls.leader())
+
+
+# --- the async client -----------------------------------------------------------------------
+
+
+class AsyncClient(_Base):
+    """The asyncio client: the same calls as `Client`, awaited, plus the pushed results
+    stream (`results()`) and the worker calls the worker SDK uses (`poll`, `ack`, `fail`,
+    `heartbeat`, `open_stream`)."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str] | None = None,
+        api_key: str | None = None,
+        *,
+        request_timeout_s: float = 30.0,
+        retry_timeout_s: float = 30.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        super().__init__(urls, api_key, request_timeout_s, retry_timeout_s, backoff)
+        self._http = httpx.AsyncClient(headers=self.headers, follow_redirects=False)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _run(self, call: _Call[T], tries: _Tries | None = None) -> T:
+        tries = tries or self._tries()
+        while True:
+            url = self.router.current
+            answer: httpx.Response | httpx.HTTPError
+            try:
+                answer = await self._http.request(
+                    call.method, url + call.path, json=call.body, params=call.params,
+                    timeout=self._timeout(call),
+                )  # fmt: skip
+            except httpx.HTTPError as error:
+                answer = error
+            outcome = self._outcome(call, url, tries, answer)
+            if isinstance(outcome, _Done):
+                return outcome.value
+            await asyncio.sleep(outcome)
+
+    async def submit(
+        self,
+        exec: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        max_attempts: int | None = None,
+        timeout_s: float | None = None,
+        priority: int = 0,
+        delay_s: float = 0.0,
+        client_id: str | None = None,
+    ) -> Accepted:
+        """Submit one job (see `Client.submit`)."""
+        submission = submission_of(
+            {"exec": exec, "payload": payload, "id": id, "max_attempts": max_attempts,
+             "timeout_s": timeout_s, "priority": priority, "delay_s": delay_s,
+             "client_id": client_id}
+        )  # fmt: skip
+        return await self._run(_Calls.submit(submission.to_body()))
+
+    async def submit_many(
+        self,
+        jobs: Iterable[Submission | Mapping[str, Any]],
+        *,
+        batch_size: int = MAX_BATCH,
+        on_batch: Callable[[list[Accepted]], None] | None = None,
+    ) -> list[Accepted]:
+        """Submit many jobs in batches (see `Client.submit_many`)."""
+        _check_batch_size(batch_size)
+        accepted: list[Accepted] = []
+        for chunk in _chunks(_submission(jobs), batch_size):
+            answers = await self._run(_Calls.submit_batch(chunk))
+            accepted += answers
+            if on_batch is not None:
+                on_batch(answers)
+        return accepted
+
+    async def get(self, id: str) -> Job:
+        return await self._run(_Calls.get(id))
+
+    async def wait(self, id: str, timeout_s: float | None = None, *, poll_s: float = 30.0) -> Job:
+        """Long-poll until the job is terminal (see `Client.wait`)."""
+        waiting = _Waiting(id, timeout_s, poll_s)
+        while True:
+            step = waiting.step()
+            try:
+                job = await self._run(_Calls.get(id, step, timeout_s=step + self.request_timeout_s))
+            except NotFound as missing:
+                await asyncio.sleep(waiting.not_found(missing))
+                continue
+            if waiting.finished(job):
+                return job
+
+    async def cancel(self, id: str) -> Job:
+        return await self._run(_Calls.cancel(id))
+
+    async def dlq(self, exec: str | None = None, limit: int = 100) -> list[Job]:
+        return await self._run(_Calls.dlq(exec, limit))
+
+    async def redrive(self, id: str) -> Job:
+        return await self._run(_Calls.redrive(id))
+
+    async def queues(self) -> list[QueueStats]:
+        return await self._run(_Calls.queues())
+
+    async def workers(self) -> list[WorkerInfo]:
+        return await self._run(_Calls.workers())
+
+    async def leader(self) -> LeaderInfo:
+        return await self._run(_Calls.leader())
+
+    def results(self) -> ResultStream:
+        """The results of this client's jobs, pushed as they end (`WS /v1/stream`).
+
+        Use `async with client.results() as results:` (connected on entry, so no result
+        of a job submitted inside the block is missed), then `async for job in results`.
+        The stream reconnects after a lost connection, but results that end meanwhile are
+        not replayed: `get` or `wait` is the reliable way to learn one job's outcome."""
+        return ResultStream(self)
+
+    # --- worker calls (REST transport of the worker SDK) --------------------------------------
+
+    async def poll(
+        self, worker_id: str, subjects: Sequence[str], credits: int, wait_s: float
+    ) -> list[dict[str, Any]]:
+        """`POST /v1/workers/{id}/poll`: say "room for `credits`", get assignments."""
+        call: _Call[list[dict[str, Any]]] = _Call(
+            "POST", f"/v1/workers/{_quote(worker_id)}/poll",
+            lambda response: list(response.json()["assignments"]),
+            body={"subjects": list(subjects), "credits": credits, "wait_s": wait_s},
+            timeout_s=wait_s + self.request_timeout_s,
+        )  # fmt: skip
+        return await self._run(call)
+
+    async def ack(
+        self, job_id: str, attempt: int, lease: str, result: Any, worker_id: str | None = None
+    ) -> str | None:
+        """Settle an attempt as succeeded; the job's status. A repeat answers the same."""
+        body = {"attempt": attempt, "lease": lease, "result": result, "worker_id": worker_id}
+        return await self._settle("ack", job_id, body)
+
+    async def fail(
+        self,
+        job_id: str,
+        attempt: int,
+        lease: str,
+        error: str,
+        *,
+        retryable: bool = True,
+        worker_id: str | None = None,
+    ) -> str | None:
+        """Settle an attempt as failed: retried later if `retryable`, else dead at once."""
+        body = {"attempt": attempt, "lease": lease, "error": error, "retryable": retryable,
+                "worker_id": worker_id}  # fmt: skip
+        return await self._settle("fail", job_id, body)
+
+    async def heartbeat(
+        self, job_id: str, attempt: int, lease: str, worker_id: str | None = None
+    ) -> float:
+        """Still working: the new deadline (the server's clock, epoch seconds)."""
+        call: _Call[float] = _Call(
+            "POST", f"/v1/jobs/{_quote(job_id)}/heartbeat",
+            lambda response: float(response.json()["deadline"]),
+            body={"attempt": attempt, "lease": lease, "worker_id": worker_id},
+        )  # fmt: skip
+        return await self._run(call)
+
+    async def _settle(self, kind: str, job_id: str, body: dict[str, Any]) -> str | None:
+        call: _Call[str | None] = _Call(
+            "POST", f"/v1/jobs/{_quote(job_id)}/{kind}",
+            lambda response: response.json().get("status"), body=body,
+        )  # fmt: skip
+        return await self._run(call)
+
+    async def open_stream(
+        self, hello: dict[str, Any], *, open_timeout_s: float = 10.0
+    ) -> tuple[ClientConnection, dict[str, Any]]:
+        """Open `WS /v1/stream` on the leader, say `hello`, and return the socket and the
+        server's `welcome`. Fails over like REST calls (a 307 at the handshake, or a close
+        with 1013 "try again later", moves on); an `error` answer to the hello raises its
+        typed error (`Unauthorized`, `Forbidden`, `Invalid`)."""
+        tries = self._tries()
+        while True:
+            url = self.router.current
+            outcome = await self._try_stream(url, hello, open_timeout_s, tries)
+            if isinstance(outcome, _Done):
+                return outcome.value
+            await asyncio.sleep(outcome)
+
+    async def _try_stream(
+        self, url: str, hello: dict[str, Any], open_timeout_s: float, tries: _Tries
+    ) -> _Done[tuple[ClientConnection, dict[str, Any]]] | float:
+        try:
+            socket = await _ConnectWithoutRedirects(
+                stream_url(url), additional_headers=self.headers, proxy=None,
+                open_timeout=open_timeout_s, max_queue=None, compression=None,
+            )  # fmt: skip
+        except InvalidStatus as refused:
+            response = refused.response
+            leader = None
+            if response.status_code == 307:
+                leader = _origin(response.headers.get("Location")) or _leader_in(response.body)
+            if leader is not None and tries.redirects < MAX_REDIRECTS_IN_A_ROW:
+                tries.redirects += 1
+                self.router.redirect(leader)
+                return 0.0
+            if response.status_code in (307, 503):
+                self.router.failed(url)
+                return tries.pause(_unavailable(url, f"HTTP {response.status_code}"))
+            body = _json_or_none(response.body)
+            raise error_from_body(response.status_code, body, _text(response.body)) from refused
+        except InvalidURI as error:
+            raise BadRequest(str(error), error="invalid_url") from error
+        except (OSError, TimeoutError, InvalidHandshake) as error:
+            self.router.failed(url)
+            return tries.pause(_unavailable(url, error))
+        try:
+            await socket.send(json.dumps(hello))
+            first = json.loads(await asyncio.wait_for(socket.recv(), open_timeout_s))
+        except (ConnectionClosed, TimeoutError, ValueError) as error:
+            await socket.close()
+            self.router.failed(url)
+            return tries.pause(_unavailable(url, error))
+        if isinstance(first, dict) and first.get("type") == "welcome":
+            return _Done((socket, first))
+        await socket.close()
+        answer = error_from_body(None, first)
+        if isinstance(answer, Unavailable):
+            leader = first.get("leader") if isinstance(first, dict) else None
+            if isinstance(leader, str) and leader and tries.redirects < MAX_REDIRECTS_IN_A_ROW:
+                tries.redirects += 1
+                self.router.redirect(leader)
+                return 0.0
+            self.router.failed(url)
+            return tries.pause(answer)
+        raise answer
+
+
+class _ConnectWithoutRedirects(connect):
+    """websockets' `connect`, leaving redirects to `open_stream`: it would follow a 307 to
+    an `http://` Location (which it refuses), and the router must learn the leader anyway."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        return exc
+
+
+def stream_url(base_url: str) -> str:
+    """`http://host:port` → `ws://host:port/v1/stream` (https → wss)."""
+    scheme, _, rest = base_url.partition("://")
+    return f"{'wss' if scheme == 'https' else 'ws'}://{rest}{STREAM_PATH}"
+
+
+def _json_or_none(body: bytes | bytearray | None) -> Any:
+    try:
+        return json.loads(body or b"")
+    except ValueError:
+        return None
+
+
+def _text(body: bytes | bytearray | None) -> str:
+    return bytes(body or b"").decode("utf-8", "replace")
+
+
+def _leader_in(body: bytes | bytearray | None) -> str | None:
+    data = _json_or_none(body)
+    leader = data.get("leader") if isinstance(data, dict) else None
+    return leader if isinstance(leader, str) and leader else None
+
+
+class ResultStream:
+    """Results of the client's jobs, pushed over `WS /v1/stream` (see `AsyncClient.results`)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+        self._socket: ClientConnection | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> AsyncIterator[Job]:
+        return self
+
+    async def connect(self) -> None:
+        """Connect now (the first `__anext__` does it otherwise)."""
+        if self._socket is None:
+            self._socket, _ = await self._client.open_stream({"type": "hello", "role": "client"})
+
+    async def __anext__(self) -> Job:
+        while not self._closed:
+            await self.connect()
+            assert self._socket is not None
+            try:
+                message = json.loads(await self._socket.recv())
+            except ConnectionClosed:
+                # The node went away: reconnect (the router moves on), within the budget.
+                self._client.router.failed(self._client.router.current)
+                self._socket = None
+                continue
+            if isinstance(message, dict) and message.get("type") == "result":
+                return Job.model_validate(message)
+            if isinstance(message, dict) and message.get("type") == "error":
+                raise error_from_body(None, message)
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._socket is not None:
+            await self._socket.close()
+            self._socket = None

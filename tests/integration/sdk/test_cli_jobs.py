@@ -1,0 +1,199 @@
+"""The job commands against a real node: through typer's runner with `register` applied,
+and as real processes (`python -m dispatch.cli`), including SIGTERM to a worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from dispatch.cli import app
+from dispatch.cli_jobs import EXIT_ERROR, EXIT_JOB_FAILED, EXIT_TIMEOUT, EXIT_USAGE, register
+from dispatch.client import Client
+from tests.integration.api.conftest import RunningNode
+from tests.integration.sdk.conftest import running_worker, visible, wait_until
+from worker.examples import app as demo_app
+
+pytestmark = pytest.mark.integration
+
+register(app)
+runner = CliRunner()
+
+
+def _env(node: RunningNode, role: str = "admin") -> dict[str, str]:
+    # A wide terminal for rich, so table cells are not wrapped mid-word in the asserts.
+    return {"DISPATCH_URL": node.url, "DISPATCH_API_KEY": node.keys[role], "COLUMNS": "200"}
+
+
+def _run(node: RunningNode, *args: str, role: str = "admin") -> Result:
+    return runner.invoke(app, list(args), env=_env(node, role))
+
+
+def _json(result: Result) -> object:
+    return json.loads(result.stdout)
+
+
+def test_submit_wait_status_and_dead_letters(api_node: RunningNode, tmp_path: Path) -> None:
+    with running_worker(demo_app, api_node, concurrency=2):
+        queued = _run(api_node, "submit", "demo.echo", "--payload", '{"x": 1}', "--id", "e1")
+        assert queued.exit_code == 0, queued.output
+        assert "accepted job e1" in queued.stdout
+
+        done = _run(api_node, "submit", "demo.echo", "--payload", "[1, 2]", "--wait", "--json")
+        assert done.exit_code == 0, done.output
+        job = _json(done)
+        assert isinstance(job, dict) and (job["status"], job["result"]) == ("succeeded", [1, 2])
+
+        flaky = _run(api_node, "submit", "demo.flaky", "--id", "f1", "--wait")
+        assert flaky.exit_code == 0, flaky.output
+        assert "succeeded" in flaky.stdout and "2 of" in flaky.stdout
+
+        failed = _run(api_node, "submit", "demo.fail", "--id", "bad1", "--wait", "--timeout", "20")
+        assert failed.exit_code == EXIT_JOB_FAILED, failed.output
+        assert "dead" in failed.stdout and "permanent_failure" in failed.stdout
+
+    status = _run(api_node, "status", "e1")
+    assert status.exit_code == 0 and "succeeded" in status.stdout and '{"x": 1}' in status.stdout
+    shown = _json(_run(api_node, "status", "e1", "--json"))
+    assert isinstance(shown, dict) and (shown["id"], shown["result"]) == ("e1", {"x": 1})
+    missing = _run(api_node, "status", "no-such-job")
+    assert missing.exit_code == EXIT_ERROR
+    assert missing.stderr.strip().splitlines() == ["error: not_found: no job 'no-such-job'"]
+
+    listed = _run(api_node, "dlq", "list")
+    assert (
+        listed.exit_code == 0 and "bad1" in listed.stdout and "permanent_failure" in listed.stdout
+    )
+    assert _json(_run(api_node, "dlq", "list", "--exec", "demo.other", "--json")) == []
+    assert "empty" in _run(api_node, "dlq", "list", "--exec", "demo.other").stdout
+    redriven = _run(api_node, "dlq", "redrive", "bad1")
+    assert redriven.exit_code == 0 and "queued" in redriven.stdout
+    again = _run(api_node, "dlq", "redrive", "bad1")
+    assert again.exit_code == EXIT_ERROR and again.stderr.startswith("error: not_dead:")
+
+    forbidden = _run(api_node, "dlq", "list", role="client")
+    assert forbidden.exit_code == EXIT_ERROR and forbidden.stderr.startswith("error: forbidden:")
+
+    # Nobody serves this exec: --wait gives up after its timeout, with its own exit code.
+    timed_out = _run(api_node, "submit", "nobody.home", "--wait", "--timeout", "0.5")
+    assert timed_out.exit_code == EXIT_TIMEOUT, timed_out.output
+    assert "still queued" in timed_out.stderr
+
+
+def test_submit_a_jsonl_file_in_batches(api_node: RunningNode, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.jsonl"
+    lines = [json.dumps({"exec": "file.job", "payload": n, "id": f"file{n}"}) for n in range(1500)]
+    jobs.write_text("\n".join([*lines[:3], "", *lines[3:]]) + "\n")
+    submitted = _run(api_node, "submit", "--file", str(jobs), "--json")
+    assert submitted.exit_code == 0, submitted.output
+    summary = _json(submitted)
+    assert isinstance(summary, dict)
+    assert (summary["submitted"], summary["new"], summary["existing"]) == (1500, 1500, 0)
+    with Client(api_node.url, api_node.keys["admin"]) as admin:
+        assert visible(admin, "file1499").payload == 1499
+    # Known to the leader now: the same file again enqueues nothing.
+    human = _run(api_node, "submit", "--file", str(jobs))
+    assert human.exit_code == 0, human.output
+    assert "submitted 1500 jobs (0 new, 1500 already known)" in human.stdout
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(lines[0] + "\n" + '{"exec": "file.job", "colour": "red"}\n')
+    refused = _run(api_node, "submit", "--file", str(broken))
+    assert refused.exit_code == EXIT_USAGE
+    assert refused.stderr.strip() == f"error: {broken}:2: colour: Extra inputs are not permitted"
+
+
+def test_status_without_an_id_still_shows_the_local_stack(api_node: RunningNode) -> None:
+    result = _run(api_node, "status")
+    assert result.exit_code in (0, 3), result.output  # 3: some component is not running
+    assert "component" in result.stdout
+
+
+# --- real processes -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        yield started
+    finally:
+        for process in started:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+
+def _dispatch(node: RunningNode, *args: str, role: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as output:
+        return subprocess.Popen(
+            [sys.executable, "-m", "dispatch.cli", *args],
+            env={**os.environ, **_env(node, role)},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def test_a_command_runs_as_a_real_process(api_node: RunningNode) -> None:
+    submitted = subprocess.run(
+        [sys.executable, "-m", "dispatch.cli", "submit", "proc.job", "--id", "p1", "--json"],
+        env={**os.environ, **_env(api_node, "client")},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert submitted.returncode == 0, submitted.stderr.decode()
+    assert json.loads(submitted.stdout) == {"id": "p1", "status": "queued", "existing": False}
+
+
+@pytest.mark.parametrize(
+    ("transport", "grace_s", "seconds", "expected"),
+    [("ws", 20, 1.5, ("succeeded", 1)), ("rest", 0.2, 60, ("queued", 1))],
+    ids=["ws-finishes", "rest-releases"],
+)
+def test_sigterm_lets_a_worker_process_finish_or_release_its_jobs(
+    api_node: RunningNode,
+    processes: list[subprocess.Popen[bytes]],
+    tmp_path: Path,
+    transport: str,
+    grace_s: float,
+    seconds: float,
+    expected: tuple[str, int],
+) -> None:
+    log = tmp_path / "worker.log"
+    worker = _dispatch(
+        api_node, "worker", "--app", "worker.examples:app", "--transport", transport,
+        "--grace", str(grace_s), "--worker-id", "proc-worker", "--concurrency", "2",
+        role="worker", log=log,
+    )  # fmt: skip
+    processes.append(worker)
+    with Client(api_node.url, api_node.keys["admin"]) as admin:
+        wait_until(
+            lambda: (
+                worker.poll() is None and "proc-worker" in [w.worker_id for w in admin.workers()]
+            ),
+            timeout_s=60,
+            what=f"the worker process to join:\n{log.read_text()}",
+        )
+        for n in range(2):
+            admin.submit("demo.sleep", {"seconds": seconds}, id=f"sleep{n}")
+        wait_until(
+            lambda: all(visible(admin, f"sleep{n}").status == "running" for n in range(2)),
+            what="both jobs to run",
+        )
+        stopped_at = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, log.read_text()
+        assert time.monotonic() - stopped_at < grace_s + 10
+        for n in range(2):
+            job = admin.get(f"sleep{n}")
+            assert (job.status, job.attempts) == expected, (job, log.read_text())
+        assert "proc-worker: stopped" in log.read_text()

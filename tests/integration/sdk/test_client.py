@@ -1,0 +1,187 @@
+"""The client SDK against a real node and the real broker: every call, its typed errors,
+failover across the node list and 307 redirects (from a real loopback server)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from dispatch.client import (
+    AsyncClient,
+    Backoff,
+    Client,
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+    WaitTimeout,
+)
+from dispatch.stack.ports import free_port
+from tests.integration.api.conftest import RunningNode, poll_until
+from tests.integration.sdk.conftest import Redirector, visible
+
+pytestmark = pytest.mark.integration
+
+SUBJECTS = ["job.assign.sdk.>"]
+
+
+def _client(node: RunningNode, role: str = "admin", **options: object) -> Client:
+    return Client(node.url, node.keys[role], **options)  # type: ignore[arg-type]
+
+
+def _settle(worker: httpx.Client, assignment: dict[str, object], kind: str, **body: object) -> None:
+    answer = worker.post(
+        f"/v1/jobs/{assignment['id']}/{kind}",
+        json={"attempt": assignment["attempt"], "lease": assignment["lease"], **body},
+    )
+    assert answer.status_code == 200, answer.text
+
+
+def test_submit_get_wait_and_resubmit(api_node: RunningNode) -> None:
+    with _client(api_node, "client") as client, api_node.client("worker") as worker:
+        accepted = client.submit("sdk.add", {"a": 1, "b": 2}, id="add-1", max_attempts=2)
+        assert (accepted.id, accepted.status, accepted.existing) == ("add-1", "queued", False)
+        job = visible(client, "add-1")
+        assert (job.exec, job.payload, job.max_attempts, job.terminal) == (
+            "sdk.add", {"a": 1, "b": 2}, 2, False,
+        )  # fmt: skip
+        with pytest.raises(WaitTimeout) as timed_out:
+            client.wait("add-1", timeout_s=0.3)
+        assert timed_out.value.job.status in ("queued", "running")
+
+        [assignment] = poll_until(worker, "w1", SUBJECTS, 1)
+        _settle(worker, assignment, "ack", result=3)
+        done = client.wait("add-1", timeout_s=20)
+        assert (done.status, done.result, done.attempts, done.terminal) == ("succeeded", 3, 1, True)
+
+        again = client.submit("sdk.add", {"a": 1, "b": 2}, id="add-1")
+        assert (again.status, again.existing) == ("succeeded", True)
+        # Without an id, one is made client-side: each call is a new job.
+        first, second = client.submit("sdk.add"), client.submit("sdk.add")
+        assert first.id != second.id and not first.existing and not second.existing
+
+
+def test_submit_many_sends_batches_of_at_most_a_thousand(api_node: RunningNode) -> None:
+    batches: list[int] = []
+    with _client(api_node, "client") as client:
+        jobs = [{"exec": "sdk.many", "payload": n, "id": f"m{n}"} for n in range(2100)]
+        accepted = client.submit_many(jobs, on_batch=lambda answers: batches.append(len(answers)))
+        assert batches == [1000, 1000, 100]
+        assert [a.id for a in accepted] == [f"m{n}" for n in range(2100)]
+        assert visible(client, "m2099").payload == 2099
+        # The same ids again are the same jobs.
+        again = client.submit_many(jobs[:5], batch_size=2)
+        assert all(answer.existing for answer in again)
+
+
+def test_cancel_dlq_redrive_and_the_live_views(api_node: RunningNode) -> None:
+    with _client(api_node) as admin, api_node.client("worker") as worker:
+        admin.submit("sdk.cancel.me", id="c1")
+        visible(admin, "c1")
+        assert admin.cancel("c1").status == "cancelled"
+        with pytest.raises(Conflict) as refused:
+            admin.cancel("c1")
+        assert refused.value.error == "not_cancellable" and refused.value.status == 409
+
+        admin.submit("sdk.doomed", {"n": 1}, id="d1")
+        [assignment] = poll_until(worker, "w1", SUBJECTS, 1)
+        _settle(worker, assignment, "fail", error="boom", retryable=False)
+        assert admin.wait("d1", timeout_s=20).status == "dead"
+        [dead] = admin.dlq(exec="sdk.doomed")
+        assert (dead.id, dead.error, dead.dead_reason) == ("d1", "boom", "permanent_failure")
+        assert admin.dlq(exec="sdk.other") == []
+        assert admin.redrive("d1").status == "queued"
+        with pytest.raises(Conflict) as not_dead:
+            admin.redrive("d1")
+        assert not_dead.value.error == "not_dead"
+
+        assert any(queue.exec == "sdk.doomed" and queue.ready == 1 for queue in admin.queues())
+        assert [w.worker_id for w in admin.workers()] == ["w1"]
+        leader = admin.leader()
+        assert leader.is_leader and leader.leader == api_node.url and (leader.epoch or 0) >= 1
+
+
+def test_errors_are_typed(api_node: RunningNode) -> None:
+    with _client(api_node, "client") as client:
+        with pytest.raises(NotFound) as missing:
+            client.get("nope")
+        assert missing.value.status == 404 and "nope" in missing.value.detail
+        with pytest.raises(Invalid) as invalid:
+            client.submit("bad exec name")
+        assert invalid.value.status == 422 and "exec" in invalid.value.detail
+        with pytest.raises(Forbidden):
+            client.dlq()
+    with Client(api_node.url, "not-a-key") as stranger, pytest.raises(Unauthorized):
+        stranger.get("x")
+    with _client(api_node) as admin, pytest.raises(Invalid, match=r"jobs\[0\]\.unknown_field"):
+        admin.submit_many([{"exec": "a.b", "unknown_field": 1}])
+
+
+def test_the_next_node_is_tried_when_one_is_down_and_unavailable_is_raised_in_time(
+    api_node: RunningNode,
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    with Client([dead, api_node.url], api_node.keys["admin"]) as client:
+        assert client.leader().is_leader
+        assert client.router.current == api_node.url
+    quick = Backoff(initial_s=0.05, max_s=0.2)
+    with Client(dead, "key", retry_timeout_s=1.0, backoff=quick) as client:
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as unavailable:
+            client.get("x")
+        assert time.monotonic() - started < 3
+        assert dead in unavailable.value.detail
+
+
+def test_a_307_is_followed_to_the_leader_and_remembered(
+    api_node: RunningNode, redirector: Redirector
+) -> None:
+    with Client(redirector.url, api_node.keys["admin"]) as client:
+        accepted = client.submit("sdk.redirected", {"x": 1}, id="r1")
+        assert accepted.status == "queued"
+        assert client.router.current == api_node.url
+        assert visible(client, "r1").payload == {"x": 1}
+    assert redirector.hits == 1  # the leader was remembered after the first redirect
+
+    async def stream_through_redirect() -> str:
+        async with (
+            AsyncClient(redirector.url, api_node.keys["client"]) as client,
+            client.results(),
+        ):
+            return client.router.current
+
+    assert asyncio.run(stream_through_redirect()) == api_node.url
+    assert redirector.hits == 2
+
+
+def test_async_client_and_the_results_stream(api_node: RunningNode) -> None:
+    async def scenario() -> None:
+        async with AsyncClient(api_node.url, api_node.keys["client"]) as client:
+            async with client.results() as results:
+                await client.submit_many(
+                    [{"exec": "sdk.stream", "payload": n, "id": f"s{n}"} for n in range(3)]
+                )
+                with api_node.client("worker") as worker:
+                    for assignment in await asyncio.to_thread(
+                        poll_until, worker, "w1", SUBJECTS, 3
+                    ):
+                        payload = assignment["payload"]
+                        assert isinstance(payload, int)
+                        _settle(worker, assignment, "ack", result=payload * 10)
+                pushed = {}
+                async for job in results:
+                    pushed[job.id] = job.result
+                    if len(pushed) == 3:
+                        break
+            assert pushed == {"s0": 0, "s1": 10, "s2": 20}
+            assert (await client.wait("s2", 5)).result == 20
+            assert (await client.get("s1")).status == "succeeded"
+            with pytest.raises(NotFound):
+                await client.cancel("missing")
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))

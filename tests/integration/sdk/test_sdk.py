@@ -1,0 +1,208 @@
+"""The worker SDK against a real node and the real broker, over both transports: jobs run
+end to end, `Retry` retries, `PermanentError` dead-letters, heartbeats keep a slow job past
+its ack timeout, an idle worker stays known, a stop lets running jobs finish or releases them.
+
+The test node runs with a 1 s first ack timeout and forgets a silent worker after 3 s."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from dispatch.client import Client
+from dispatch.settings import Settings
+from dispatch.stack.ports import free_port
+from tests.integration.api.conftest import RunningNode
+from tests.integration.sdk.conftest import NodeServer, running_worker, visible, wait_until
+from worker import Assignment, PermanentError, Retry, WorkerApp, WorkerError
+
+pytestmark = pytest.mark.integration
+
+TRANSPORTS = ["ws", "rest"]
+
+
+def _admin(node: RunningNode) -> Client:
+    return Client(node.url, node.keys["admin"])
+
+
+def _app(concurrency: int = 2) -> WorkerApp:
+    app = WorkerApp("sdk", concurrency=concurrency)
+    running: list[int] = []
+    peak: list[int] = [0]
+    lock = threading.Lock()
+
+    @app.handler("sdk.add")
+    def add(job: Assignment) -> int:  # sync: runs in a thread
+        with lock:
+            running.append(1)
+            peak[0] = max(peak[0], len(running))
+        time.sleep(0.2)
+        with lock:
+            running.pop()
+        return int(job.payload["a"]) + int(job.payload["b"])
+
+    @app.handler("sdk.*")
+    async def echo(job: Assignment) -> dict[str, Any]:  # async: on the worker's loop
+        await asyncio.sleep(0)
+        return {"exec": job.exec, "payload": job.payload, "attempt": job.attempt}
+
+    @app.handler("sdk.flaky")
+    def flaky(job: Assignment) -> str:
+        if job.attempt < 2:
+            raise Retry("not yet")
+        return f"ok on attempt {job.attempt}"
+
+    @app.handler("sdk.broken")
+    def broken(job: Assignment) -> None:
+        raise PermanentError("cannot ever work")
+
+    @app.handler("sdk.crash")
+    def crash(job: Assignment) -> None:
+        raise RuntimeError("unexpected")
+
+    @app.handler("sdk.slow")
+    async def slow(job: Assignment) -> str:
+        await asyncio.sleep(float(job.payload))
+        return "slow but done"
+
+    app.peak = peak  # type: ignore[attr-defined]
+    return app
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_jobs_run_end_to_end_with_retries_and_dead_letters(
+    api_node: RunningNode, transport: str
+) -> None:
+    app = _app(concurrency=2)
+    with _admin(api_node) as admin, running_worker(app, api_node, transport=transport):
+        admin.submit_many(
+            [{"exec": "sdk.add", "payload": {"a": n, "b": 1}, "id": f"add{n}"} for n in range(4)]
+            + [{"exec": "sdk.echo", "payload": [1, "x"], "id": "echo"}]
+            + [{"exec": "sdk.flaky", "id": "flaky"}]
+            + [{"exec": "sdk.broken", "id": "broken"}]
+            + [{"exec": "sdk.crash", "id": "crash", "max_attempts": 2}]
+        )
+        for n in range(4):
+            job = admin.wait(f"add{n}", timeout_s=30)
+            assert (job.status, job.result, job.attempts) == ("succeeded", n + 1, 1)
+        echo = admin.wait("echo", timeout_s=30)
+        assert echo.result == {"exec": "sdk.echo", "payload": [1, "x"], "attempt": 1}
+
+        flaky = admin.wait("flaky", timeout_s=30)
+        assert (flaky.status, flaky.result, flaky.attempts) == (
+            "succeeded", "ok on attempt 2", 2,
+        )  # fmt: skip
+        broken = admin.wait("broken", timeout_s=30)
+        assert (broken.status, broken.dead_reason, broken.error, broken.attempts) == (
+            "dead", "permanent_failure", "cannot ever work", 1,
+        )  # fmt: skip
+        crash = admin.wait("crash", timeout_s=30)
+        assert (crash.status, crash.dead_reason, crash.attempts) == (
+            "dead", "retries_exhausted", 2,
+        )  # fmt: skip
+        assert crash.error == "RuntimeError: unexpected"
+        assert app.peak[0] == 2  # type: ignore[attr-defined]  # concurrency used, not exceeded
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_heartbeats_keep_a_slow_job_past_its_ack_timeout(
+    api_node: RunningNode, transport: str
+) -> None:
+    app = _app(concurrency=1)
+    with _admin(api_node) as admin, running_worker(app, api_node, transport=transport):
+        # The first ack timeout is 1 s: without heartbeats this job would be taken away.
+        admin.submit("sdk.slow", 2.5, id="slow")
+        job = admin.wait("slow", timeout_s=30)
+        assert (job.status, job.attempts, job.result) == ("succeeded", 1, "slow but done")
+
+
+def test_without_heartbeats_a_slow_job_times_out(api_node: RunningNode) -> None:
+    app = WorkerApp("stall", concurrency=1)
+
+    @app.handler("sdk.stall", heartbeat=False)
+    async def stall(job: Assignment) -> str:
+        await asyncio.sleep(1.6)
+        return f"attempt {job.attempt}"
+
+    with _admin(api_node) as admin, running_worker(app, api_node):
+        admin.submit("sdk.stall", id="stall", max_attempts=3)
+        job = admin.wait("stall", timeout_s=30)
+        # Attempt 1 (1 s) times out; attempt 2 has 2 s and finishes in 1.6 s.
+        assert (job.status, job.attempts, job.result) == ("succeeded", 2, "attempt 2")
+
+
+def test_an_idle_socket_worker_stays_known_past_the_worker_expiry(api_node: RunningNode) -> None:
+    app = _app()
+    with _admin(api_node) as admin, running_worker(app, api_node) as worker_id:
+        time.sleep(4.0)  # the node forgets a worker silent for 3 s
+        assert worker_id in [worker.worker_id for worker in admin.workers()]
+        admin.submit("sdk.echo", "late", id="late")
+        assert admin.wait("late", timeout_s=10).status == "succeeded"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stop_finishes_running_jobs_within_the_grace_period(
+    api_node: RunningNode, transport: str
+) -> None:
+    app = _app(concurrency=1)
+    with _admin(api_node) as admin:
+        with running_worker(app, api_node, transport=transport, grace_s=10):
+            admin.submit("sdk.slow", 1.5, id="finishing")
+            wait_until(lambda: visible(admin, "finishing").status == "running")
+        # The block's end stopped the worker: it waited for the job.
+        job = admin.get("finishing")
+        assert (job.status, job.attempts) == ("succeeded", 1)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stop_releases_jobs_that_outlast_the_grace_period(
+    api_node: RunningNode, transport: str
+) -> None:
+    app = _app(concurrency=1)
+    with _admin(api_node) as admin:
+        with running_worker(app, api_node, transport=transport, grace_s=0.3):
+            admin.submit("sdk.slow", 30, id="released")
+            wait_until(lambda: visible(admin, "released").status == "running")
+            started = time.monotonic()
+        assert time.monotonic() - started < 5
+        job = admin.get("released")
+        # Requeued at once as a retryable failure, not left to its deadline.
+        assert (job.status, job.attempts) == ("queued", 1)
+        assert job.error is not None and "stopped before the job finished" in job.error
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_worker_reconnects_when_its_node_restarts(
+    api_settings: Settings, transport: str
+) -> None:
+    server = NodeServer(api_settings, free_port())
+    node = server.start()
+    try:
+        with _admin(node) as admin, running_worker(_app(), node, transport=transport):
+            admin.submit("sdk.echo", 1, id="before")
+            assert admin.wait("before", timeout_s=10).status == "succeeded"
+            server.stop()
+            server.start()
+            # The new node rebuilt the state from the log; the worker found it again.
+            admin.submit("sdk.echo", 2, id="after")
+            after = admin.wait("after", timeout_s=30)
+            assert (after.status, after.result["payload"]) == ("succeeded", 2)
+    finally:
+        server.stop()
+
+
+def test_misconfigured_apps_fail_at_start(api_node: RunningNode) -> None:
+    with pytest.raises(WorkerError, match="no handlers"):
+        WorkerApp("empty").options()
+    app = _app()
+    with pytest.raises(WorkerError, match=r"job\.assign\.other\.\* are not covered"):
+        app.options(subjects=["job.assign.other.*"])
+    with pytest.raises(WorkerError, match="subject pattern such as"):
+        app.options(subjects=["sdk.*"])
+    # A key without the worker role is refused by the node at hello: a fatal error.
+    with pytest.raises(Exception, match="forbidden"):
+        app.run(handle_signals=False, urls=api_node.url, api_key=api_node.keys["client"])

@@ -1,0 +1,119 @@
+"""The job commands' pure parts: reading a JSON-lines file, finding a worker app,
+registering on the `dispatch` app, and usage errors (none of these needs a node)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from dispatch.cli import app as dispatch_app
+from dispatch.cli_jobs import EXIT_USAGE, load_app, read_jobs_file, register
+from worker.examples import app as demo_app
+from worker.sdk import WorkerApp
+
+
+def test_a_jobs_file_is_read_whole_before_anything_is_sent(tmp_path: Path) -> None:
+    good = tmp_path / "jobs.jsonl"
+    good.write_text('{"exec": "a.b", "payload": 1}\n\n  \n{"exec": "c.d", "id": "x"}\n')
+    jobs = read_jobs_file(good)
+    assert [(job.exec, job.payload, job.id) for job in jobs] == [
+        ("a.b", 1, None),
+        ("c.d", None, "x"),
+    ]
+    for content, message in [
+        ('{"exec": "a.b"}\n{"exec": ', "jobs.jsonl:2: not valid JSON"),
+        ('{"payload": 1}\n', "jobs.jsonl:1: exec: Field required"),
+        ('{"exec": "a.b", "max_attempts": 0}\n', "jobs.jsonl:1: max_attempts: Input should be"),
+        ("[1, 2]\n", "jobs.jsonl:1: line: Input should be"),
+    ]:
+        good.write_text(content)
+        with pytest.raises(ValueError, match=message):
+            read_jobs_file(good)
+    with pytest.raises(ValueError, match=r"missing\.jsonl"):
+        read_jobs_file(tmp_path / "missing.jsonl")
+
+
+def test_a_worker_app_is_found_by_module_and_attribute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert load_app("worker.examples:app") is demo_app
+    (tmp_path / "my_workers.py").write_text(
+        "from worker.sdk import WorkerApp\n"
+        "def make():\n"
+        "    app = WorkerApp('made')\n"
+        "    app.add_handler('x.y', lambda job: None)\n"
+        "    return app\n"
+        "not_an_app = 42\n"
+    )
+    monkeypatch.chdir(tmp_path)  # the current directory is importable, as with python -m
+    made = load_app("my_workers:make")
+    assert isinstance(made, WorkerApp) and made.name == "made"
+    for reference, message in [
+        ("my_workers", "expected module:attribute"),
+        ("no_such_module:app", "cannot import"),
+        ("my_workers:missing", "has no attribute"),
+        ("my_workers:not_an_app", "is a int, not a WorkerApp"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            load_app(reference)
+
+
+def _names(app: typer.Typer) -> list[str]:
+    return [info.name or (info.callback.__name__ if info.callback else "?")
+            for info in app.registered_commands]  # fmt: skip
+
+
+def test_register_adds_the_commands_once_and_keeps_the_stack_status() -> None:
+    app = typer.Typer()
+    shown: list[str] = []
+
+    @app.command()
+    def status() -> None:
+        shown.append("stack")
+
+    register(app)
+    register(app)  # again: nothing
+    assert sorted(_names(app)) == ["status", "submit", "worker"]
+    assert [group.name for group in app.registered_groups] == ["dlq"]
+    result = CliRunner().invoke(app, ["status"])
+    assert result.exit_code == 0 and shown == ["stack"]
+
+
+runner = CliRunner()
+register(dispatch_app)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["submit", "demo.echo", "--payload", "{nope"], "--payload: not valid JSON"),
+        (["submit"], "give an EXEC"),
+        (["submit", "x.y", "--timeout", "3"], "add --wait"),
+        (["submit", "x.y", "--file", "jobs.jsonl"], "--file submits the file's jobs"),
+        (["submit", "--file", "/nonexistent/jobs.jsonl"], "/nonexistent/jobs.jsonl"),
+        (["submit", "x.y", "--url", "ftp://nowhere"], "--url: expected a node URL"),
+        (["status", "--json"], "--url and --json apply to `status ID` only"),
+        (["worker", "--app", "worker.examples"], "expected module:attribute"),
+        (["worker", "--app", "worker.examples:nothing"], "has no attribute"),
+        (["worker", "--app", "worker.examples:app", "--subjects", "job.assign.x.*"],
+         "not covered by a handler"),
+        (["worker", "--app", "worker.examples:app", "-s", "job.assign.demo.echo,demo.sleep"],
+         "subject pattern such as"),
+        (["worker", "--app", "worker.examples:app", "--transport", "pigeon"], "--transport"),
+    ],
+)  # fmt: skip
+def test_usage_errors_are_one_line_with_exit_code_2(args: list[str], message: str) -> None:
+    result = runner.invoke(dispatch_app, args)
+    assert result.exit_code == EXIT_USAGE, result.output
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and message in line, line
+
+
+def test_an_empty_jobs_file_is_a_usage_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    result = runner.invoke(dispatch_app, ["submit", "--file", str(empty)])
+    assert result.exit_code == EXIT_USAGE and "no jobs in the file" in result.stderr

@@ -1,0 +1,267 @@
+"""Pure parts of the client SDK: configuration, the backoff schedule, error mapping, node
+routing and the retry decision of one try."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dispatch.client import (
+    Backoff,
+    BadRequest,
+    Client,
+    Conflict,
+    DispatchError,
+    Forbidden,
+    Invalid,
+    NodeRouter,
+    NotFound,
+    ServerError,
+    Submission,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    _Call,
+    _Done,
+    _Tries,
+    _Waiting,
+    default_api_key,
+    default_urls,
+    error_from_body,
+    error_from_response,
+    leader_from_redirect,
+    parse_urls,
+    stream_url,
+    submission_of,
+)
+
+# --- backoff --------------------------------------------------------------------------------
+
+
+def test_the_backoff_ceiling_doubles_up_to_its_cap() -> None:
+    backoff = Backoff(initial_s=0.1, multiplier=2.0, max_s=1.0)
+    assert [backoff.ceiling(n) for n in range(6)] == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
+    assert backoff.ceiling(10_000) == 1.0  # no float overflow after many tries
+
+
+def test_jitter_spreads_each_pause_below_its_ceiling() -> None:
+    backoff = Backoff(initial_s=1.0, multiplier=2.0, max_s=8.0, jitter=0.5)
+    assert backoff.delay(2, draw=lambda: 0.0) == 4.0
+    assert backoff.delay(2, draw=lambda: 0.999999) == pytest.approx(2.0, abs=1e-5)
+    assert Backoff(jitter=0.0).delay(3, draw=lambda: 0.7) == Backoff(jitter=0.0).ceiling(3)
+    for attempt in range(8):
+        assert 0.5 * backoff.ceiling(attempt) <= backoff.delay(attempt) <= backoff.ceiling(attempt)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"initial_s": 0}, {"multiplier": 0.5}, {"max_s": 0.01}, {"jitter": 1.5}, {"jitter": -0.1}],
+)
+def test_a_nonsense_backoff_is_refused(arguments: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        Backoff(**arguments)
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(400, BadRequest), (401, Unauthorized), (403, Forbidden), (404, NotFound), (409, Conflict),
+     (413, TooLarge), (422, Invalid), (503, Unavailable), (500, ServerError), (502, ServerError),
+     (418, DispatchError)],
+)  # fmt: skip
+def test_an_error_status_maps_to_its_exception(status: int, kind: type[DispatchError]) -> None:
+    error = error_from_body(status, {"error": "some_code", "detail": "what happened"})
+    assert type(error) is kind
+    assert (error.status, error.error, error.detail) == (status, "some_code", "what happened")
+    assert str(error) == "some_code: what happened"
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [("forbidden", Forbidden), ("unauthorized", Unauthorized), ("invalid", Invalid),
+     ("stale_lease", Conflict), ("not_dead", Conflict), ("unknown_worker", NotFound),
+     ("unavailable", Unavailable), ("something_new", DispatchError)],
+)  # fmt: skip
+def test_a_socket_error_maps_by_its_code(code: str, kind: type[DispatchError]) -> None:
+    error = error_from_body(None, {"type": "error", "error": code, "detail": "d"})
+    assert type(error) is kind and error.status is None and error.error == code
+
+
+def test_a_body_that_is_not_the_error_format_still_gives_a_typed_error() -> None:
+    error = error_from_response(httpx.Response(502, text="<html>Bad gateway</html>"))
+    assert isinstance(error, ServerError)
+    assert (error.error, error.detail) == ("http_502", "<html>Bad gateway</html>")
+    assert error_from_body(404, None).detail == "no detail"
+
+
+# --- configuration --------------------------------------------------------------------------
+
+
+def test_node_urls_are_parsed_from_a_list_or_a_comma_separated_string() -> None:
+    assert parse_urls("http://a:1/, https://b:2 ,") == ["http://a:1", "https://b:2"]
+    assert parse_urls(["http://a:1"]) == ["http://a:1"]
+    for bad in ("", "a:1", "ftp://a", ["http://"]):
+        with pytest.raises(ValueError):
+            parse_urls(bad)
+    assert stream_url("http://h:1") == "ws://h:1/v1/stream"
+    assert stream_url("https://h") == "wss://h/v1/stream"
+
+
+def test_urls_and_key_come_from_the_environment_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISPATCH_URL", "http://n1:8000,http://n2:8001")
+    monkeypatch.setenv("DISPATCH_API_KEY", "secret")
+    assert default_urls() == ["http://n1:8000", "http://n2:8001"]
+    assert default_api_key() == "secret"
+    monkeypatch.delenv("DISPATCH_URL")
+    assert default_urls() == ["http://127.0.0.1:8000"]
+
+
+def test_without_a_key_the_local_stack_admin_key_is_used(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    dev_keys = tmp_path / "dev-keys.json"
+    monkeypatch.delenv("DISPATCH_API_KEY", raising=False)
+    monkeypatch.setenv("DISPATCH_AUTH__DEV_KEYS_FILE", str(dev_keys))
+    assert default_api_key() is None  # no file yet
+    dev_keys.write_text(json.dumps({"admin": "dk_admin_x", "client": "dk_client_y"}))
+    assert default_api_key() == "dk_admin_x"
+    dev_keys.write_text("not json")
+    assert default_api_key() is None
+
+
+# --- routing --------------------------------------------------------------------------------
+
+
+def test_the_router_moves_on_after_a_failure_and_follows_redirects() -> None:
+    router = NodeRouter(["http://a", "http://b"])
+    assert router.current == "http://a"
+    router.failed("http://a")
+    assert router.current == "http://b"
+    router.failed("http://a")  # someone else's stale failure: no move
+    assert router.current == "http://b"
+    router.failed("http://b")
+    assert router.current == "http://a"
+    router.redirect("http://b/")
+    assert router.current == "http://b"
+    router.redirect("http://c:9")
+    assert (router.current, router.urls) == ("http://c:9", ["http://a", "http://b", "http://c:9"])
+
+
+def test_the_leader_is_read_from_a_307_body_or_its_location() -> None:
+    assert leader_from_redirect(httpx.Response(307, json={"leader": "http://l:1"})) == "http://l:1"
+    by_location = httpx.Response(307, headers={"Location": "http://l:2/v1/jobs/x?wait=1"})
+    assert leader_from_redirect(by_location) == "http://l:2"
+    assert leader_from_redirect(httpx.Response(307, json={"leader": None})) is None
+    assert leader_from_redirect(httpx.Response(307, headers={"Location": "/relative"})) is None
+
+
+# --- one try's outcome ----------------------------------------------------------------------
+
+
+def _call(idempotent: bool = True) -> _Call[str]:
+    return _Call("GET", "/v1/x", lambda response: str(response.json()["v"]), idempotent=idempotent)
+
+
+def _pause(outcome: _Done[str] | float) -> float:
+    assert isinstance(outcome, float), outcome
+    return outcome
+
+
+def _tries(budget_s: float = 30.0) -> _Tries:
+    return _Tries(Backoff(initial_s=0.1, max_s=1.0, jitter=0.0), budget_s)
+
+
+def test_one_try_ends_in_a_value_a_redirect_a_pause_or_an_error() -> None:
+    with Client(["http://a", "http://b"], "key") as client:
+        tries = _tries()
+        assert client._outcome(_call(), "http://a", tries, httpx.Response(200, json={"v": 1})) == (
+            _Done("1")
+        )
+        redirect = httpx.Response(307, json={"leader": "http://b"})
+        assert client._outcome(_call(), "http://a", tries, redirect) == 0.0
+        assert client.router.current == "http://b"
+        busy = httpx.Response(503, json={"error": "unavailable", "detail": "rebuilding"})
+        assert client._outcome(_call(), "http://b", tries, busy) == pytest.approx(0.1)
+        assert client.router.current == "http://a"  # moved on to the next node
+        with pytest.raises(NotFound):
+            client._outcome(_call(), "http://a", tries, httpx.Response(404, json={}))
+
+
+def test_a_503_waits_at_least_its_retry_after() -> None:
+    with Client("http://a", "key") as client:
+        busy = httpx.Response(503, headers={"Retry-After": "0.7"}, json={})
+        assert client._outcome(_call(), "http://a", _tries(), busy) == pytest.approx(0.7)
+
+
+def test_only_safe_requests_are_retried_after_a_network_error() -> None:
+    request = httpx.Request("GET", "http://a/v1/x")
+    refused = httpx.ConnectError("refused", request=request)
+    lost = httpx.ReadTimeout("no answer", request=request)
+    with Client("http://a", "key") as client:
+        # Never sent: safe for anything.
+        assert _pause(client._outcome(_call(idempotent=False), "http://a", _tries(), refused)) > 0
+        # Sent, answer lost: safe only when a repeat does no harm.
+        assert _pause(client._outcome(_call(idempotent=True), "http://a", _tries(), lost)) > 0
+        with pytest.raises(Unavailable, match="ReadTimeout"):
+            client._outcome(_call(idempotent=False), "http://a", _tries(), lost)
+
+
+def test_retries_stop_when_the_budget_is_spent() -> None:
+    with Client("http://a", "key") as client:
+        # The budget counts the time spent so far plus the next pause (0.1 s, then 0.2 s).
+        tries = _tries(budget_s=0.15)
+        busy = httpx.Response(503, json={"error": "unavailable", "detail": "no leader"})
+        assert client._outcome(_call(), "http://a", tries, busy) == pytest.approx(0.1)
+        with pytest.raises(Unavailable, match="no leader"):
+            client._outcome(_call(), "http://a", tries, busy)
+
+
+def test_endless_redirects_become_pauses() -> None:
+    with Client("http://a", "key") as client:
+        tries = _tries()
+        loop = httpx.Response(307, json={"leader": "http://a"})
+        pauses = [_pause(client._outcome(_call(), "http://a", tries, loop)) for _ in range(7)]
+        assert pauses[:5] == [0.0] * 5 and all(pause > 0 for pause in pauses[5:])
+
+
+def test_an_unauthorized_answer_says_how_to_get_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISPATCH_AUTH__DEV_KEYS_FILE", "/nonexistent/dev-keys.json")
+    monkeypatch.delenv("DISPATCH_API_KEY", raising=False)
+    with Client("http://a") as client:
+        assert client.api_key is None
+        refused = httpx.Response(401, json={"error": "unauthorized", "detail": "missing key"})
+        with pytest.raises(Unauthorized, match="DISPATCH_API_KEY"):
+            client._outcome(_call(), "http://a", _tries(), refused)
+
+
+# --- submissions and waiting ----------------------------------------------------------------
+
+
+def test_a_submission_gets_its_id_before_it_is_sent() -> None:
+    body = Submission(exec="a.b").to_body()
+    assert body["exec"] == "a.b" and body["payload"] is None and len(body["id"]) == 32
+    assert "max_attempts" not in body and "client_id" not in body
+    assert Submission(exec="a.b").to_body()["id"] != body["id"]
+    assert Submission(exec="a.b", id="mine", payload=[1]).to_body()["id"] == "mine"
+    with pytest.raises(Invalid, match=r"job\.colour: Extra inputs are not permitted"):
+        submission_of({"exec": "a.b", "colour": "red"})
+    with pytest.raises(Invalid, match=r"jobs\[2\]\.max_attempts"):
+        submission_of({"exec": "a.b", "max_attempts": 0}, "jobs[2]")
+
+
+def test_a_wait_is_cut_into_long_polls_within_its_timeout() -> None:
+    forever = _Waiting("j", None, poll_s=30.0)
+    assert forever.step() == 30.0
+    assert _Waiting("j", None, poll_s=500.0).step() == 60.0  # the server's cap
+    short = _Waiting("j", 2.0, poll_s=30.0)
+    assert 1.9 < short.step() <= 2.0
+    missing = NotFound("no job 'j'", error="not_found", status=404)
+    assert short.not_found(missing) == 0.05  # just accepted: not visible yet
+    short.started -= 10  # long after the submit: it really does not exist
+    with pytest.raises(NotFound):
+        short.not_found(missing)

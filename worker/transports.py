@@ -1,0 +1,423 @@
+"""How a worker talks to the leader: a WebSocket (`WS /v1/stream`, pushed assignments, the
+default) or REST long-poll (`POST /v1/workers/{id}/poll`, then ack/fail/heartbeat calls).
+
+Both carry out the same duties for the runtime in `worker.sdk`: deliver assignments to
+`runtime.accept`, keep the runtime's credit with the leader equal to its free slots, keep the
+worker alive in the leader's eyes, settle attempts, send job heartbeats, and come back after
+the node goes away (the node list and the leader a follower names come from `AsyncClient`).
+
+Liveness: the leader forgets a worker it has not heard from for `dispatcher.worker_expiry_s`
+(15 s by default), and that includes a WebSocket worker whose socket is open but idle: the
+stream protocol has no "still here" message that does not also add credit. So both
+transports send a REST poll when they have been silent for `keepalive_s`: it counts as the
+worker's heartbeat, rejoins a worker that was forgotten, and *replaces* the leader's credit
+for it with the free slots (which also corrects any credit lost on the way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from dispatch.client import (
+    AsyncClient,
+    Backoff,
+    Conflict,
+    DispatchError,
+    NotFound,
+    Unavailable,
+    error_from_body,
+)
+from worker.jobs import Assignment, Outcome
+
+log = logging.getLogger("worker")
+
+SETTLEMENT_REFUSALS = frozenset({"stale_lease", "already_settled", "not_found", "invalid"})
+"""Error codes that refuse an ack or fail for good: resending it cannot help."""
+
+
+class Runtime(Protocol):
+    """What a transport needs from the worker runtime."""
+
+    worker_id: str
+    subjects: list[str]
+    keepalive_s: float
+
+    @property
+    def free_slots(self) -> int:
+        """How many more jobs the worker can take now (0 while stopping)."""
+        ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def accept(self, message: Mapping[str, Any]) -> None:
+        """An assignment arrived: run it (or release it)."""
+        ...
+
+    def refused(self, job_id: str, code: str) -> None:
+        """The leader refused a heartbeat or settlement of `job_id`: it is no longer ours."""
+        ...
+
+
+class Transport(Protocol):
+    async def run(self) -> None:
+        """Take assignments until `close()`; raises only errors that retrying cannot fix
+        (`Unauthorized`, `Forbidden`, `Invalid`)."""
+        ...
+
+    async def stop_taking(self) -> None:
+        """Ask the leader for no more assignments (what is already on its way still comes)."""
+        ...
+
+    async def settle(self, held: Assignment, outcome: Outcome) -> None: ...
+
+    async def heartbeat(self, held: Assignment) -> float | None:
+        """Extend the job's deadline; the new deadline when the leader says it."""
+        ...
+
+    async def slot_freed(self) -> None:
+        """A job ended: grant its credit again (unless stopping). Await it right after the
+        runtime freed the slot: both must happen in one step of the event loop."""
+        ...
+
+    async def close(self, drain_s: float) -> None:
+        """Deliver what is still unconfirmed (for up to `drain_s`), then disconnect."""
+        ...
+
+
+def _settlement(held: Assignment, outcome: Outcome) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "type": outcome.kind,
+        "id": held.id,
+        "attempt": held.attempt,
+        "lease": held.lease,
+    }
+    if outcome.kind == "ack":
+        message["result"] = outcome.result
+    else:
+        message["error"] = outcome.error
+        message["retryable"] = outcome.retryable
+    return message
+
+
+class _KeepAlive:
+    """The REST poll both transports use to stay known to the leader (see the module doc)."""
+
+    def __init__(self, client: AsyncClient, runtime: Runtime) -> None:
+        self.client = client
+        self.runtime = runtime
+        self.last_heard = time.monotonic()
+
+    def heard(self) -> None:
+        """Something reached the leader on the worker's behalf just now."""
+        self.last_heard = time.monotonic()
+
+    @property
+    def due_in_s(self) -> float:
+        return self.last_heard + self.runtime.keepalive_s - time.monotonic()
+
+    async def poll(self, credits: int, wait_s: float = 0.0) -> None:
+        runtime = self.runtime
+        assignments = await self.client.poll(runtime.worker_id, runtime.subjects, credits, wait_s)
+        self.heard()
+        for assignment in assignments:
+            runtime.accept(assignment)
+
+
+class WebSocketTransport:
+    """Assignments pushed over `WS /v1/stream`; credits, acks, failures and heartbeats
+    sent on it. Acks and failures are kept until the leader confirms them (`settled`) and
+    sent again on the next connection, which is safe: a settlement is keyed by attempt and
+    lease, and a repeat answers the first outcome."""
+
+    def __init__(self, client: AsyncClient, runtime: Runtime, backoff: Backoff) -> None:
+        self.client = client
+        self.runtime = runtime
+        self.backoff = backoff
+        self.alive = _KeepAlive(client, runtime)
+        self._socket: ClientConnection | None = None
+        self._unconfirmed: dict[str, dict[str, Any]] = {}
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._closing = False
+        self._leader_hint: str | None = None
+        self._replace_lock = asyncio.Lock()
+        self._replacing = False  # a credit-replacing poll is on its way
+        self._owed = 0  # slots freed meanwhile, granted once they are back
+        self._credit_set = False  # whether the leader was told this socket's credit
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        failures = 0
+        hello = {
+            "type": "hello",
+            "role": "worker",
+            "worker_id": self.runtime.worker_id,
+            "subjects": self.runtime.subjects,
+        }
+        while not self._closing:
+            try:
+                socket, welcome = await self.client.open_stream(hello)
+            except Unavailable as error:
+                delay = self.backoff.delay(failures)
+                failures += 1
+                log.warning("worker %s: no leader reachable (%s); retrying in %.1f s",
+                            self.runtime.worker_id, error.detail, delay)  # fmt: skip
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
+            log.info("worker %s: connected to %s", self.runtime.worker_id, welcome.get("node"))
+            await self._serve(socket)
+
+    async def _serve(self, socket: ClientConnection) -> None:
+        self._socket = socket
+        self.alive.heard()
+        keeper = asyncio.create_task(self._keep_alive())
+        try:
+            # Set, not add: a leader that already knew this worker (it took over from
+            # another, or the socket dropped for a moment) may still count old credit.
+            await self._replace_credit()
+            for message in list(self._unconfirmed.values()):
+                await self._send(message)
+            async for raw in socket:
+                self._on_message(json.loads(raw))
+        except ConnectionClosed as closed:
+            log.info("worker %s: connection closed (%s)", self.runtime.worker_id, closed)
+        except ValueError as error:
+            log.error("worker %s: unreadable message from the leader: %s",
+                      self.runtime.worker_id, error)  # fmt: skip
+        finally:
+            self._socket = None
+            self._credit_set = False
+            self._owed = 0
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            await socket.close()
+        if self._closing:
+            return
+        # The node went away or stepped down: prefer the leader it named, else the next node.
+        hint, self._leader_hint = self._leader_hint, None
+        if hint:
+            self.client.router.redirect(hint)
+        else:
+            self.client.router.failed(self.client.router.current)
+
+    def _on_message(self, message: Any) -> None:
+        if not isinstance(message, dict):
+            return
+        kind = message.get("type")
+        if kind == "assign":
+            self.runtime.accept(message)
+        elif kind == "settled":
+            if message.get("of") in ("ack", "fail"):
+                self._confirmed(str(message.get("id")))
+        elif kind == "error":
+            self._on_error(message)
+
+    def _on_error(self, message: dict[str, Any]) -> None:
+        code = str(message.get("error"))
+        job_id = message.get("id")
+        if isinstance(message.get("leader"), str):
+            self._leader_hint = message["leader"]
+        if isinstance(job_id, str):
+            log.warning("worker %s: job %s refused: %s (%s)", self.runtime.worker_id, job_id,
+                        code, message.get("detail"))  # fmt: skip
+            if code in SETTLEMENT_REFUSALS:
+                self._confirmed(job_id)
+                self.runtime.refused(job_id, code)
+        elif code == "unknown_worker":
+            # The leader forgot this worker (silent too long): a poll joins it again.
+            self._spawn(self._rejoin())
+        else:
+            log.warning("worker %s: %s", self.runtime.worker_id, error_from_body(None, message))
+
+    def _confirmed(self, job_id: str) -> None:
+        self._unconfirmed.pop(job_id, None)
+        if not self._unconfirmed:
+            self._drained.set()
+
+    async def _send(self, message: dict[str, Any]) -> bool:
+        socket = self._socket  # read before any await: see slot_freed
+        if socket is None:
+            return False
+        try:
+            await socket.send(json.dumps(message))
+        except ConnectionClosed:
+            return False
+        self.alive.heard()
+        return True
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.05, self.alive.due_in_s))
+            if self.alive.due_in_s <= 0:
+                await self._rejoin()
+
+    async def _rejoin(self) -> None:
+        await self._replace_credit()
+
+    async def _replace_credit(self) -> None:
+        """Set the leader's credit for this worker to the free slots (a REST poll, which
+        also keeps the worker known). Slots freed while the poll is on its way are owed and
+        granted on the socket after it: granted before, the poll could overwrite them."""
+        async with self._replace_lock:
+            self._replacing = True
+            self._owed = 0  # slots freed before now are in the poll's free slots
+            replaced = False
+            try:
+                await self.alive.poll(self.runtime.free_slots)
+                replaced = True
+            except DispatchError as error:
+                log.warning("worker %s: keep-alive poll failed: %s", self.runtime.worker_id, error)
+                self.alive.heard()  # try again after a whole interval, not in a tight loop
+            finally:
+                self._replacing = False
+            told_before, self._credit_set = self._credit_set, True
+            owed, self._owed = self._owed, 0
+            if self.runtime.stopping:
+                return
+            if not replaced and not told_before:
+                # This socket's credit was never set: grant every free slot on it instead.
+                owed = self.runtime.free_slots
+            if owed > 0:
+                await self._send({"type": "credit", "credits": owed})
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def stop_taking(self) -> None:
+        # Credit over the socket can only be added; a REST poll replaces it with zero.
+        try:
+            await self.alive.poll(0)
+        except DispatchError as error:
+            log.warning("worker %s: could not withdraw credit: %s", self.runtime.worker_id, error)
+
+    async def settle(self, held: Assignment, outcome: Outcome) -> None:
+        message = _settlement(held, outcome)
+        self._unconfirmed[held.id] = message
+        self._drained.clear()
+        await self._send(message)
+
+    async def heartbeat(self, held: Assignment) -> float | None:
+        await self._send(
+            {"type": "heartbeat", "id": held.id, "attempt": held.attempt, "lease": held.lease}
+        )
+        return None
+
+    async def slot_freed(self) -> None:
+        if self.runtime.stopping:
+            return
+        if self._replacing:
+            self._owed += 1
+            return
+        await self._send({"type": "credit", "credits": 1})
+
+    async def close(self, drain_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drained.wait(), drain_s)
+        if self._unconfirmed:
+            log.warning("worker %s: %d settlement(s) unconfirmed at exit",
+                        self.runtime.worker_id, len(self._unconfirmed))  # fmt: skip
+        self._closing = True
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        socket = self._socket
+        if socket is not None:
+            await socket.close()
+
+
+class RestTransport:
+    """REST long-poll: poll with the free slots as credit (the leader *replaces* the
+    worker's credit with it), then one call per ack, failure or heartbeat, each retried on
+    other nodes by the client (they are idempotent: keyed by attempt and lease)."""
+
+    def __init__(self, client: AsyncClient, runtime: Runtime, backoff: Backoff) -> None:
+        self.client = client
+        self.runtime = runtime
+        self.backoff = backoff
+        self.alive = _KeepAlive(client, runtime)
+        self._slot_freed = asyncio.Event()
+        self._closing = asyncio.Event()
+
+    async def run(self) -> None:
+        failures = 0
+        runtime = self.runtime
+        # Polls go on while stopping (with no credit): jobs finishing in the grace period
+        # need their worker to stay known, or the leader would requeue them under it.
+        while not self._closing.is_set():
+            credits = runtime.free_slots
+            # With no room, a poll cannot wait (the server answers at once): it only keeps
+            # the worker alive, so wait for a free slot or the next keep-alive instead.
+            wait_s = runtime.keepalive_s if credits > 0 else 0.0
+            self._slot_freed.clear()
+            try:
+                await self.alive.poll(credits, wait_s)
+            except Unavailable as error:
+                delay = self.backoff.delay(failures)
+                failures += 1
+                log.warning("worker %s: no leader reachable (%s); retrying in %.1f s",
+                            runtime.worker_id, error.detail, delay)  # fmt: skip
+                await self._pause(delay)
+                continue
+            failures = 0
+            if runtime.free_slots == 0:
+                await self._pause(max(0.0, self.alive.due_in_s), wake_on_slot=True)
+
+    async def _pause(self, seconds: float, *, wake_on_slot: bool = False) -> None:
+        waits = [asyncio.create_task(self._closing.wait())]
+        if wake_on_slot:
+            waits.append(asyncio.create_task(self._slot_freed.wait()))
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def stop_taking(self) -> None:
+        try:
+            await self.alive.poll(0)
+        except DispatchError as error:
+            log.warning("worker %s: could not withdraw credit: %s", self.runtime.worker_id, error)
+
+    async def settle(self, held: Assignment, outcome: Outcome) -> None:
+        worker_id = self.runtime.worker_id
+        try:
+            if outcome.kind == "ack":
+                await self.client.ack(held.id, held.attempt, held.lease, outcome.result, worker_id)
+            else:
+                await self.client.fail(
+                    held.id, held.attempt, held.lease, outcome.error,
+                    retryable=outcome.retryable, worker_id=worker_id,
+                )  # fmt: skip
+        except (Conflict, NotFound) as refused:
+            log.warning("worker %s: job %s refused: %s", worker_id, held.id, refused)
+            self.runtime.refused(held.id, refused.error)
+            return
+        self.alive.heard()
+
+    async def heartbeat(self, held: Assignment) -> float | None:
+        deadline = await self.client.heartbeat(
+            held.id, held.attempt, held.lease, self.runtime.worker_id
+        )
+        self.alive.heard()
+        return deadline
+
+    async def slot_freed(self) -> None:
+        self._slot_freed.set()
+
+    async def close(self, drain_s: float) -> None:
+        # Settlements are awaited calls: by now they are done or have failed for good.
+        self._closing.set()

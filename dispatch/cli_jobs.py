@@ -478,4 +478,3 @@ def register(app: typer.Typer) -> None:
     app.add_typer(dlq, name="dlq")
     app.command("worker")(worker)
     setattr(app, _REGISTERED, True)
-

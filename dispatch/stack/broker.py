@@ -31,10 +31,14 @@ class BrokerError(ProcessError):
     """The broker did not start or answer; the message names its log file."""
 
 
-def _kafka_uuid() -> str:
-    # Kafka's cluster ids are 16 random bytes in URL-safe base64 without padding, the same
-    # as `kafka-storage.sh random-uuid`, made here to spare a JVM start.
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+def kafka_uuid() -> str:
+    """A cluster id as `kafka-storage.sh random-uuid` makes it, without starting a JVM: 16
+    random bytes in URL-safe base64 without padding, never starting with '-' (Kafka's Uuid
+    rule: the storage tool would read such an id as an option)."""
+    while True:
+        candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not candidate.startswith("-"):
+            return candidate
 
 
 def server_properties(kafka: KafkaSettings, data_dir: Path) -> dict[str, str]:
@@ -113,7 +117,7 @@ class Broker:
             self._java(), "-cp", self._classpath(),
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
             "kafka.tools.StorageTool", "format",
-            "-t", _kafka_uuid(), "-c", str(self.properties_file),
+            "-t", kafka_uuid(), "-c", str(self.properties_file),
         ]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:

@@ -168,6 +168,18 @@ def bench(
     console.print(table)
 
 
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def streaming(context: typer.Context) -> None:
+    """Run the Structured Streaming fold (Kafka -> Delta) in the foreground until Ctrl-C.
+
+    Options pass through to `python -m streaming.app` (e.g. `--available-now`)."""
+    from streaming.app import main as streaming_main
+
+    raise typer.Exit(streaming_main(_settings(), list(context.args)))
+
+
 # The job commands (submit, status ID, dlq, worker) live in their own module.
 register_job_commands(app)
 

@@ -45,15 +45,23 @@ class _Section(BaseModel):
 
 class PathSettings(_Section):
     var: Path = Path("var")
-    warehouse: Path = Path("var/delta")
+    warehouse: Path = Path("delta")
     cache: Path = Path("~/.cache/dispatch")
 
-    @field_validator("var", "warehouse", "cache")
+    @field_validator("var", "cache")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         # Relative to the project root, so a command run from a sub-folder finds the same data.
         expanded = value.expanduser()
         return expanded if expanded.is_absolute() else PROJECT_ROOT / expanded
+
+    @model_validator(mode="after")
+    def _warehouse_under_var(self) -> PathSettings:
+        # Relative to `var`, so a stack moved elsewhere (DISPATCH_PATHS__VAR) takes its tables.
+        warehouse = self.warehouse.expanduser()
+        if not warehouse.is_absolute():
+            object.__setattr__(self, "warehouse", self.var / warehouse)
+        return self
 
 
 class KafkaSettings(_Section):

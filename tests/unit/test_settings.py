@@ -121,3 +121,9 @@ def test_the_dispatcher_section_becomes_the_core_policy() -> None:
     ).dispatcher.core_config()
     assert (config.cap_for("acme"), config.cap_for("other")) == (2, 7)
     assert config.ack_timeout(3.0, 1) == 3.0
+
+
+def test_the_warehouse_follows_the_var_folder_unless_absolute() -> None:
+    assert load_settings(paths={"var": "/srv/d"}).paths.warehouse == Path("/srv/d/delta")
+    pinned = load_settings(paths={"var": "/srv/d", "warehouse": "/data/delta"})
+    assert pinned.paths.warehouse == Path("/data/delta")

@@ -1,0 +1,569 @@
+"""`foreachBatch`: one micro-batch of the three topics -> the Delta tables, exactly once.
+
+Order of the writes (the `jobs` MERGE is always last, so "jobs covers batch N" means every
+table does):
+
+1. `events` append (bronze), 2. `rejected` append, 3. `stats` MERGE, 4. in a batch with
+`pruned` events: `jobs_archive` append, then a `jobs` MERGE deleting the pruned rows,
+5. the `jobs` MERGE of the folded states, with the batch's `Progress` (offsets, fence epochs).
+
+Exactly-once effect, two layers:
+- Delta idempotent writes keyed on the batch: `txnAppId` = the streaming query's id (new with
+  every new checkpoint, so a fresh checkpoint whose batch ids restart at 0 is never skipped),
+  `txnVersion` = the batch id; writer options for appends, the session confs
+  `spark.databricks.delta.write.txnAppId` / `txnVersion` around each MERGE. A replayed batch's
+  writes are skipped by Delta itself.
+- Offset watermarks: every commit records the Kafka positions its table has absorbed, and each
+  table only takes the records after its own position. This also makes a run from a deleted
+  checkpoint (which restarts from the positions recorded in `jobs`) exact, even when its batch
+  boundaries differ from the lost ones.
+
+The fold reads the touched jobs' current rows with delta-rs (the application is the only writer
+of `jobs`, and Spark commits synchronously, so delta-rs sees the latest version).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streaming import tables as t
+from streaming.decode import (
+    KafkaRow,
+    LoggedEvent,
+    Offsets,
+    Topics,
+    Undecodable,
+    advance,
+    decode_events,
+    event_bronze_row,
+    kafka_rows,
+    merge_offsets,
+    rejected_bronze_row,
+    rejected_row,
+    submit_bronze_row,
+    undecodable_bronze_row,
+    unseen,
+)
+from streaming.fold import (
+    CLOSED,
+    OPEN,
+    BatchFold,
+    JobKey,
+    JobState,
+    archived_row,
+    fence_batch,
+    fold_batch,
+    job_row,
+    job_state,
+    prune_groups,
+    touched_jobs,
+)
+from streaming.progress import BATCH, PRUNE, Progress, latest_progress
+from streaming.rollup import StatsRollup, stats_row
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from streaming.maintenance import Maintenance
+
+log = logging.getLogger(__name__)
+
+UTC = dt.UTC
+_TXN_APP = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_JOB_COLUMNS: list[str] = list(t.SCHEMAS[t.JOBS].names)
+
+
+def query_id(checkpoint: Path) -> str:
+    """The streaming query's persistent id, from the checkpoint's `metadata` file: the same
+    across restarts from this checkpoint, new with a new checkpoint."""
+    document = json.loads((checkpoint / "metadata").read_text().splitlines()[0])
+    return str(document["id"])
+
+
+def batch_end_offsets(checkpoint: Path, batch_id: int) -> Offsets | None:
+    """The end offsets of `batch_id` from the query's offset log (written before the batch
+    runs), or None if unreadable. With read_committed these sit after a transaction's commit
+    marker, so a caught-up query shows zero lag."""
+    try:
+        lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+        # Line 1: log version, line 2: batch metadata, then one line per source.
+        source = json.loads(lines[2])
+        return {
+            str(topic): {int(partition): int(offset) for partition, offset in parts.items()}
+            for topic, parts in source.items()
+        }
+    except (OSError, IndexError, ValueError, AttributeError) as error:
+        log.warning("cannot read the offsets of batch %d: %r", batch_id, error)
+        return None
+
+
+@dataclass
+class BatchTimings:
+    """Where one batch's time went (seconds), for logs and the benchmark."""
+
+    batch_id: int = -1
+    records: int = 0
+    events: int = 0
+    jobs: int = 0
+    collect_s: float = 0.0
+    fold_s: float = 0.0
+    events_write_s: float = 0.0
+    stats_write_s: float = 0.0
+    prune_s: float = 0.0
+    jobs_merge_s: float = 0.0
+    rollup_s: float = 0.0
+    maintenance_s: float = 0.0
+    total_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A decoded and folded batch, before any write."""
+
+    by_topic: dict[str, list[KafkaRow]]
+    fold_rows: list[KafkaRow]
+    """The events-topic records `jobs` has not absorbed yet."""
+    logged: list[LoggedEvent]
+    admitted: list[bool]
+    undecodable: list[Undecodable]
+    fence_after: dict[str, int]
+    touched: set[JobKey]
+    current: dict[JobKey, JobState]
+    fold: BatchFold
+
+
+@dataclass
+class _Positions:
+    """Per table, the positions it has absorbed; and each group's fence epoch."""
+
+    tables: dict[str, Offsets]
+    fence: dict[str, int]
+
+
+class BatchWriter:
+    """The `foreachBatch` function. One instance per running query."""
+
+    def __init__(
+        self,
+        warehouse: Path,
+        topics: Topics,
+        checkpoint: Path,
+        maintenance: Maintenance | None = None,
+        rollup: StatsRollup | None = None,
+    ) -> None:
+        self.warehouse = warehouse
+        self.topics = topics
+        self.checkpoint = checkpoint
+        self.maintenance = maintenance
+        self.rollup = rollup
+        self.paths = {name: t.table_path(warehouse, name) for name in t.SCHEMAS}
+        self._app_id: str | None = None
+        self._positions: _Positions | None = None
+        self._delta: dict[str, Any] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dispatch-appends")
+        self._side: SparkSession | None = None
+        self.last: BatchTimings | None = None
+        self.history: list[BatchTimings] = []
+
+    # --- the positions each table has absorbed --------------------------------------------
+
+    @property
+    def has_app_id(self) -> bool:
+        """True once the query's checkpoint exists (after its first batch started)."""
+        return self._app_id is not None or (self.checkpoint / "metadata").is_file()
+
+    @property
+    def app_id(self) -> str:
+        if self._app_id is None:
+            self._app_id = f"dispatch-streaming-{query_id(self.checkpoint)}"
+        return self._app_id
+
+    def positions(self) -> _Positions:
+        """Loaded from the tables' newest commits once per process, then kept up to date."""
+        if self._positions is None:
+            jobs = latest_progress(self.paths[t.JOBS], BATCH)
+            covered: Offsets = jobs.progress.offsets if jobs else {}
+            fence = dict(jobs.progress.fence) if jobs else {}
+            tables: dict[str, Offsets] = {t.JOBS: covered}
+            for name in (t.EVENTS, t.REJECTED, t.STATS_PARTIAL, t.JOBS_ARCHIVE):
+                own = latest_progress(self.paths[name], BATCH)
+                # Everything `jobs` covers, every table covers (jobs is written last).
+                tables[name] = merge_offsets(covered, own.progress.offsets if own else {})
+            self._positions = _Positions(tables, fence)
+        return self._positions
+
+    def _progress(self, batch_id: int, offsets: Offsets, kind: str = BATCH) -> Progress:
+        positions = self.positions()
+        return Progress(
+            app_id=self.app_id,
+            batch_id=batch_id,
+            kind=kind,
+            offsets=offsets,
+            topics={
+                "submit": self.topics.submit,
+                "events": self.topics.events,
+                "rejected": self.topics.rejected,
+            },
+            fence=dict(positions.fence),
+        )
+
+    def _delta_table(self, name: str) -> Any:
+        """A delta-rs handle on `name`, brought up to the latest version."""
+        from deltalake import DeltaTable
+
+        handle = self._delta.get(name)
+        if handle is None:
+            handle = self._delta[name] = DeltaTable(str(self.paths[name]))
+        else:
+            handle.update_incremental()
+        return handle
+
+    # --- the batch --------------------------------------------------------------------------
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        try:
+            self._process(batch_df, batch_id)
+        except BaseException:
+            # A write may or may not have committed: reload the positions from the tables
+            # before the batch is retried.
+            self._positions = None
+            raise
+
+    def _process(self, batch_df: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
+        timings = BatchTimings(batch_id=batch_id)
+        spark = batch_df.sparkSession
+        positions = self.positions()
+
+        arrow = batch_df.select("topic", "partition", "offset", "key", "value", "timestamp")
+        rows = kafka_rows(arrow.toArrow().to_pydict())
+        end = batch_end_offsets(self.checkpoint, batch_id)
+        if end is None:
+            end = advance(positions.tables[t.JOBS], rows)
+        end = merge_offsets(positions.tables[t.JOBS], end)
+        timings.records = len(rows)
+        timings.collect_s = time.perf_counter() - started
+
+        mark = time.perf_counter()
+        plan = self._plan(rows)
+        timings.events = len(plan.logged)
+        timings.jobs = len(plan.fold.final)
+        timings.fold_s = time.perf_counter() - mark
+
+        # Two appends at once: `events` on a session of its own (so no conf or local property
+        # of one write can reach the other), the statistics and rejections on this one.
+        side = self._side_session(spark)
+        events_write = self._pool.submit(self._write_events_timed, side, batch_id, end, plan)
+        mark = time.perf_counter()
+        try:
+            self._write_stats_partial(spark, batch_id, end, plan.fold)
+            self._write_rejected(spark, batch_id, end, plan.by_topic[self.topics.rejected])
+        finally:
+            # Never leave a write running behind a failed batch (its retry would race it).
+            wait([events_write])
+        timings.stats_write_s = time.perf_counter() - mark
+        timings.events_write_s = events_write.result()
+
+        mark = time.perf_counter()
+        if plan.fold.prunes:
+            self._write_prunes(spark, batch_id, end, plan)
+        timings.prune_s = time.perf_counter() - mark
+
+        mark = time.perf_counter()
+        positions.fence = plan.fence_after
+        self._merge_jobs(spark, batch_id, end, plan.fold)
+        for name in positions.tables:
+            positions.tables[name] = end
+        timings.jobs_merge_s = time.perf_counter() - mark
+
+        if self.rollup is not None and self.rollup.due():
+            mark = time.perf_counter()
+            self.rollup.run(spark, self.app_id)
+            timings.rollup_s = time.perf_counter() - mark
+        if self.maintenance is not None:
+            mark = time.perf_counter()
+            self.maintenance.run_due(spark)
+            timings.maintenance_s = time.perf_counter() - mark
+        timings.total_s = time.perf_counter() - started
+        self.last = timings
+        self.history.append(timings)
+        del self.history[:-1000]
+        log.info(
+            "batch %d: %d records, %d events, %d jobs in %.2fs (fold %.2fs, jobs merge %.2fs)",
+            batch_id, timings.records, timings.events, timings.jobs, timings.total_s,
+            timings.fold_s, timings.jobs_merge_s,
+        )  # fmt: skip
+
+    def _plan(self, rows: Sequence[KafkaRow]) -> _Plan:
+        """Decode, fence and fold the batch (no writes)."""
+        positions = self.positions()
+        by_topic: dict[str, list[KafkaRow]] = {topic: [] for topic in self.topics.all()}
+        for row in rows:
+            by_topic.setdefault(row.topic, []).append(row)
+        fold_rows = unseen(by_topic[self.topics.events], positions.tables[t.JOBS])
+        logged, undecodable = decode_events(fold_rows)
+        admitted, fence_after = fence_batch(logged, positions.fence)
+        touched = touched_jobs(logged, admitted)
+        current = self._current_jobs(touched, include_closed=bool(prune_groups(logged, admitted)))
+        stats_from = positions.tables[t.STATS_PARTIAL].get(self.topics.events, {})
+        fold = fold_batch(
+            logged,
+            admitted,
+            current,
+            count_stats=lambda event: event.offset >= stats_from.get(event.partition, 0),
+        )
+        return _Plan(
+            by_topic, fold_rows, logged, admitted, undecodable, fence_after, touched, current, fold
+        )
+
+    # --- reading the touched jobs -------------------------------------------------------------
+
+    def _current_jobs(self, keys: set[JobKey], *, include_closed: bool) -> dict[JobKey, JobState]:
+        """The touched jobs' rows: the open partition (only open jobs can change), plus the
+        closed one in a batch with `pruned` events (a pruned id may be submitted again)."""
+        if not keys:
+            return {}
+        dataset = self._delta_table(t.JOBS).to_pyarrow_dataset(
+            file_pruning_predicate=None if include_closed else [("part", "=", OPEN)]
+        )
+        ids = pa.array(sorted({job_id for _, job_id in keys}), pa.string())
+        found = dataset.to_table(filter=pc.field("id").isin(ids))
+        current: dict[JobKey, JobState] = {}
+        for row in found.to_pylist():
+            key, state = job_state(row)
+            if key in keys:
+                if key in current:
+                    raise RuntimeError(f"jobs holds job {key} twice")
+                current[key] = state
+        return current
+
+    # --- writes ---------------------------------------------------------------------------------
+
+    def _append(
+        self, spark: SparkSession, name: str, rows: pa.Table, batch_id: int, progress: Progress
+    ) -> None:
+        frame = spark.createDataFrame(rows)
+        (
+            frame.write.format("delta")
+            .mode("append")
+            .option("txnAppId", self.app_id)
+            .option("txnVersion", str(batch_id))
+            .option("userMetadata", progress.to_json())
+            .save(str(self.paths[name]))
+        )
+
+    @contextmanager
+    def _merge_commit(
+        self, spark: SparkSession, batch_id: int, progress: Progress, app_suffix: str = ""
+    ) -> Iterator[None]:
+        """Key the MERGE(s) inside on the batch and attach the progress to their commit."""
+        conf = spark.conf
+        conf.set(_TXN_APP, self.app_id + app_suffix)
+        conf.set(_TXN_VERSION, str(batch_id))
+        conf.set(_USER_METADATA, progress.to_json())
+        try:
+            yield
+        finally:
+            for key in (_TXN_APP, _TXN_VERSION, _USER_METADATA):
+                conf.unset(key)
+
+    def _side_session(self, spark: SparkSession) -> SparkSession:
+        """A second session on the same Spark context, for writes that overlap others."""
+        if self._side is None:
+            self._side = spark.newSession()
+        return self._side
+
+    def _write_events_timed(
+        self, spark: SparkSession, batch_id: int, end: Offsets, plan: _Plan
+    ) -> float:
+        started = time.perf_counter()
+        self._write_events(spark, batch_id, end, plan)
+        return time.perf_counter() - started
+
+    def _write_events(self, spark: SparkSession, batch_id: int, end: Offsets, plan: _Plan) -> None:
+        mark = self.positions().tables[t.EVENTS]
+        events_topic = self.topics.events
+        absorbed = mark.get(events_topic, {})
+        record_of = {(row.partition, row.offset): row for row in plan.fold_rows}
+        rows: list[dict[str, Any]] = []
+        for event, ok in zip(plan.logged, plan.admitted, strict=True):
+            if event.offset >= absorbed.get(event.partition, 0):
+                record = record_of[(event.partition, event.offset)]
+                rows.append(event_bronze_row(event, record, ok, batch_id))
+        for bad in plan.undecodable:
+            if bad.row.offset >= absorbed.get(bad.row.partition, 0):
+                rows.append(undecodable_bronze_row(bad, batch_id))
+        for row in unseen(plan.by_topic[self.topics.submit], mark):
+            rows.append(submit_bronze_row(row, batch_id))
+        for row in unseen(plan.by_topic[self.topics.rejected], mark):
+            rows.append(rejected_bronze_row(row, batch_id))
+        if rows:
+            progress = self._progress(batch_id, end)
+            self._append(spark, t.EVENTS, t.arrow_rows(t.EVENTS, rows), batch_id, progress)
+
+    def _write_rejected(
+        self, spark: SparkSession, batch_id: int, end: Offsets, records: Sequence[KafkaRow]
+    ) -> None:
+        fresh = unseen(records, self.positions().tables[t.REJECTED])
+        if fresh:
+            rows = [rejected_row(row, batch_id) for row in fresh]
+            progress = self._progress(batch_id, end)
+            self._append(spark, t.REJECTED, t.arrow_rows(t.REJECTED, rows), batch_id, progress)
+
+    def _write_stats_partial(
+        self, spark: SparkSession, batch_id: int, end: Offsets, fold: BatchFold
+    ) -> None:
+        """The batch's statistics as partial rows (rolled up into `stats` later)."""
+        contributions = fold.stats.rows
+        if not contributions:
+            return
+        batch_end = sum(end.get(self.topics.events, {}).values())
+        rows = []
+        for key in sorted(contributions):
+            row = stats_row(key, contributions[key])
+            row.update(batch_end=batch_end, batch_id=batch_id)
+            rows.append(row)
+        table = t.arrow_rows(t.STATS_PARTIAL, rows)  # percentile columns are left out
+        self._append(spark, t.STATS_PARTIAL, table, batch_id, self._progress(batch_id, end))
+
+    def _write_prunes(self, spark: SparkSession, batch_id: int, end: Offsets, plan: _Plan) -> None:
+        """Move the jobs the leader pruned from `jobs` to `jobs_archive`: the touched ones as
+        folded, the untouched closed ones by the prunes' rule (`updated_at <= before`)."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        fold, touched = plan.fold, plan.touched
+        jobs_path = str(self.paths[t.JOBS])
+        touched_frame = spark.createDataFrame(
+            pa.table(
+                {
+                    "dispatch_group": pa.array([group for group, _ in touched], pa.string()),
+                    "id": pa.array([job_id for _, job_id in touched], pa.string()),
+                }
+            )
+        )
+        untouched: DataFrame | None = None
+        for group, steps in fold.prunes.items():
+            latest = max(step.before for step in steps)
+            archived_at = F.lit(None).cast("double")
+            for step in reversed(steps):
+                # The first prune (in log order) whose `before` covers the row archives it.
+                archived_at = F.when(F.col("updated_at") <= F.lit(step.before), step.at).otherwise(
+                    archived_at
+                )
+            selected = (
+                spark.read.format("delta")
+                .load(jobs_path)
+                .where(
+                    (F.col("part") == CLOSED)
+                    & (F.col("dispatch_group") == group)
+                    & (F.col("updated_at") <= F.lit(latest))
+                )
+                .join(touched_frame, ["dispatch_group", "id"], "left_anti")
+                .withColumn("archived_at", archived_at)
+            )
+            untouched = selected if untouched is None else untouched.unionByName(selected)
+        assert untouched is not None
+
+        archive_columns = t.SCHEMAS[t.JOBS_ARCHIVE].names
+        touched_lives = spark.createDataFrame(
+            t.arrow_rows(t.JOBS_ARCHIVE, [_archive_row(life) for life in fold.archived])
+        )
+        archive = (
+            untouched.withColumn("date", F.to_date(F.timestamp_seconds(F.col("updated_at"))))
+            .select(*archive_columns)
+            .unionByName(touched_lives.select(*archive_columns))
+        )
+        archive_mark = self.positions().tables[t.JOBS_ARCHIVE].get(self.topics.events, {})
+        if any(
+            offset > archive_mark.get(partition, 0)
+            for partition, offset in end.get(self.topics.events, {}).items()
+        ):
+            (
+                archive.write.format("delta")
+                .mode("append")
+                .option("txnAppId", self.app_id)
+                .option("txnVersion", str(batch_id))
+                .option("userMetadata", self._progress(batch_id, end).to_json())
+                .save(str(self.paths[t.JOBS_ARCHIVE]))
+            )
+
+        # Pruned closed rows, and the closed rows of touched jobs (their new life is MERGEd
+        # next; only the batch's prunes let a closed job be touched at all).
+        closed_touched = [key for key, state in plan.current.items() if state.part == CLOSED]
+        doomed = untouched.select("dispatch_group", "id").unionByName(
+            spark.createDataFrame(
+                pa.table(
+                    {
+                        "dispatch_group": pa.array([g for g, _ in closed_touched], pa.string()),
+                        "id": pa.array([i for _, i in closed_touched], pa.string()),
+                    }
+                )
+            )
+        )
+        target = DeltaTable.forPath(spark, jobs_path)
+        progress = self._progress(batch_id, end, kind=PRUNE)
+        with self._merge_commit(spark, batch_id, progress, app_suffix="-prune"):
+            (
+                target.alias("t")
+                .merge(
+                    doomed.alias("s"),
+                    f"t.part = '{CLOSED}' AND t.dispatch_group = s.dispatch_group AND t.id = s.id",
+                )
+                .whenMatchedDelete()
+                .execute()
+            )
+
+    def _merge_jobs(
+        self, spark: SparkSession, batch_id: int, end: Offsets, fold: BatchFold
+    ) -> None:
+        """The batch's last commit: upsert the folded jobs, delete the pruned ones, and record
+        the batch's progress. Made even when no job changed, so the snapshot pointer, the
+        fence epochs and the lag always move with the log."""
+        from delta.tables import DeltaTable
+
+        rows: list[dict[str, Any]] = []
+        for (group, job_id), state in fold.final.items():
+            if state is None:
+                row: dict[str, Any] = dict.fromkeys(_JOB_COLUMNS)
+                row.update(dispatch_group=group, id=job_id, part=OPEN, _delete=True)
+            else:
+                row = job_row(group, state)
+                row["_delete"] = False
+            rows.append(row)
+        schema = t.SCHEMAS[t.JOBS].append(pa.field("_delete", pa.bool_()))
+        source = spark.createDataFrame(pa.Table.from_pylist(rows, schema=schema))
+        columns: dict[str, str | Column] = {name: f"s.`{name}`" for name in _JOB_COLUMNS}
+        target = DeltaTable.forPath(spark, str(self.paths[t.JOBS]))
+        with self._merge_commit(spark, batch_id, self._progress(batch_id, end)):
+            (
+                target.alias("t")
+                .merge(
+                    source.alias("s"),
+                    f"t.part = '{OPEN}' AND t.dispatch_group = s.dispatch_group AND t.id = s.id",
+                )
+                .whenMatchedDelete(condition="s._delete")
+                .whenMatchedUpdate(set=columns)
+                .whenNotMatchedInsert(condition="NOT s._delete", values=columns)
+                .execute()
+            )
+
+
+def _archive_row(life: Any) -> dict[str, Any]:
+    row = archived_row(life)
+    row["date"] = dt.datetime.fromtimestamp(row["updated_at"], UTC).date()
+    return row

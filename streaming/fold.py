@@ -1,0 +1,370 @@
+"""The batch fold: a micro-batch of logged events + the touched jobs' rows -> new rows.
+
+Pure Python, no Spark. It uses the dispatcher core's own semantics and nothing else:
+- `EpochFence` per dispatcher group, seeded with the epoch persisted by the previous batch,
+  decides which events count (the rule the leader applies on replay);
+- `fold_job_events` folds each job's admitted events, in log order, starting from the job's
+  current `jobs` row (`JobRecord.from_dict`), so Spark and the leader cannot disagree;
+- `pruned{before}` events are applied at their place in the log, exactly as the core's
+  `DispatcherState._on_pruned` does: a succeeded or cancelled job with `updated_at <= before`
+  is forgotten by the leader, so it leaves `jobs` for `jobs_archive` (and the same id may start
+  a new life later in the log).
+
+Besides the core's `JobRecord`, each row keeps two timestamps the statistics need and the
+record does not hold: `queued_at` (when the job last entered its queue) and `started_at` (when
+its latest attempt started).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from dispatch.core.errors import InvalidTransition
+from dispatch.core.events import (
+    Assigned,
+    Cancelled,
+    Completed,
+    DeadLettered,
+    Enqueued,
+    JobEvent,
+    Pruned,
+    Reassigned,
+    Redriven,
+    Requeued,
+)
+from dispatch.core.fence import EpochFence
+from dispatch.core.job import JobRecord, JobStatus
+from dispatch.core.reducer import fold_job_events
+from streaming.decode import LoggedEvent
+from streaming.stats import StatsAccumulator
+
+OPEN = "open"
+"""`jobs.part` of queued, running and dead jobs: the only rows later events can change."""
+CLOSED = "closed"
+"""`jobs.part` of succeeded and cancelled jobs: final until the leader prunes them."""
+_CLOSED_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.CANCELLED})
+
+JobKey = tuple[str, str]
+"""(dispatch group, job id)."""
+
+
+class FoldError(Exception):
+    """The log contradicts the jobs table (the leader's replay would fail the same way)."""
+
+
+@dataclass(slots=True)
+class JobState:
+    """A job's core record plus the two timestamps the statistics need."""
+
+    record: JobRecord
+    queued_at: float | None = None
+    started_at: float | None = None
+
+    @property
+    def part(self) -> str:
+        return CLOSED if self.record.status in _CLOSED_STATUSES else OPEN
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _unjson(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+JOB_RECORD_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(JobRecord))
+"""The columns of `jobs` that are `JobRecord.to_dict()` (payload and result as JSON text)."""
+
+
+def job_row(group: str, state: JobState) -> dict[str, Any]:
+    """The `jobs` row of a job (payload and result as JSON text)."""
+    row = state.record.to_dict()
+    row["payload"] = _json(row["payload"])
+    row["result"] = _json(row["result"])
+    row["dispatch_group"] = group
+    row["queued_at"] = state.queued_at
+    row["started_at"] = state.started_at
+    row["part"] = state.part
+    return row
+
+
+def job_state(row: Mapping[str, Any]) -> tuple[JobKey, JobState]:
+    """Read a `jobs` row back: the record goes through `JobRecord.from_dict` (validated)."""
+    data = {name: row[name] for name in JOB_RECORD_COLUMNS}
+    data["payload"] = _unjson(data["payload"])
+    data["result"] = _unjson(data["result"])
+    record = JobRecord.from_dict(data)
+    key = (str(row["dispatch_group"]), record.id)
+    return key, JobState(record, row.get("queued_at"), row.get("started_at"))
+
+
+def record_from_row(row: Mapping[str, Any]) -> JobRecord:
+    """Just the core record of a `jobs` (or `jobs_archive`) row."""
+    return job_state(row)[1].record
+
+
+# --- the fence ---------------------------------------------------------------------------
+
+
+def fence_batch(
+    events: Sequence[LoggedEvent], epochs: Mapping[str, int]
+) -> tuple[list[bool], dict[str, int]]:
+    """Which events the per-group fence admits, and each group's fence epoch afterwards."""
+    fences = {group: EpochFence(epoch) for group, epoch in epochs.items()}
+    admitted: list[bool] = []
+    for logged in events:
+        fence = fences.get(logged.group)
+        if fence is None:
+            fence = fences[logged.group] = EpochFence()
+        admitted.append(fence.admit(logged.event))
+    return admitted, {group: fence.epoch for group, fence in fences.items()}
+
+
+def touched_jobs(events: Sequence[LoggedEvent], admitted: Sequence[bool]) -> set[JobKey]:
+    """The jobs whose admitted events are in the batch."""
+    return {
+        (logged.group, logged.event.job_id)
+        for logged, ok in zip(events, admitted, strict=True)
+        if ok and isinstance(logged.event, JobEvent)
+    }
+
+
+def prune_groups(events: Sequence[LoggedEvent], admitted: Sequence[bool]) -> set[str]:
+    """The groups with an admitted `pruned` event in the batch."""
+    return {
+        logged.group
+        for logged, ok in zip(events, admitted, strict=True)
+        if ok and isinstance(logged.event, Pruned)
+    }
+
+
+# --- the fold ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PruneStep:
+    """A `pruned` event, for the jobs the batch does not otherwise touch."""
+
+    at: float
+    before: float
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedLife:
+    """A job life the leader forgot during the batch (it goes to `jobs_archive`)."""
+
+    group: str
+    state: JobState
+    archived_at: float
+    """The `at` of the `pruned` event."""
+
+
+@dataclass
+class BatchFold:
+    """What one batch changes."""
+
+    final: dict[JobKey, JobState | None] = field(default_factory=dict)
+    """Each touched job's state after the batch (None: pruned and not submitted again)."""
+    archived: list[ArchivedLife] = field(default_factory=list)
+    """Lives of touched jobs pruned during the batch, in log order."""
+    prunes: dict[str, list[PruneStep]] = field(default_factory=dict)
+    """Per group, the batch's `pruned` events in log order (for the untouched jobs)."""
+    stats: StatsAccumulator = field(default_factory=StatsAccumulator)
+
+
+@dataclass(slots=True)
+class _Life:
+    """What the statistics track of the job life being folded."""
+
+    exec: str
+    client_id: str
+    not_before: float | None
+    queued_at: float | None
+    started_at: float | None
+
+
+def _life_of(state: JobState | None) -> _Life | None:
+    if state is None:
+        return None
+    record = state.record
+    return _Life(
+        record.exec, record.client_id, record.not_before, state.queued_at, state.started_at
+    )
+
+
+def _observe(
+    life: _Life | None, event: JobEvent, group: str, stats: StatsAccumulator | None
+) -> _Life | None:
+    """Track the life's timestamps through `event` and count it in `stats` (if given).
+
+    Queue wait: an `assigned` event's time minus when the job entered its queue (or its
+    `not_before`, if later: a delay is not waiting). Run time: a `completed` event's time minus
+    its attempt's start. Retries: every attempt after the first (`assigned` with attempt > 1,
+    and `reassigned`)."""
+    at = event.at
+    if isinstance(event, Enqueued):
+        life = _Life(event.exec, event.client_id, event.not_before, at, None)
+        if stats is not None:
+            stats.count("submitted", at, group, life.exec, life.client_id)
+        return life
+    if life is None:
+        # The fold raises for this event; nothing to count.
+        return None
+    exec_name, client_id = life.exec, life.client_id
+    if isinstance(event, Assigned | Reassigned):
+        if stats is not None:
+            stats.count("started", at, group, exec_name, client_id)
+            if event.attempt > 1:
+                stats.count("retries", at, group, exec_name, client_id)
+            if isinstance(event, Assigned) and life.queued_at is not None:
+                ready = life.queued_at
+                if life.not_before is not None and life.not_before > ready:
+                    ready = life.not_before
+                stats.queue_wait(at - ready, at, group, exec_name, client_id)
+        life.started_at = at
+    elif isinstance(event, Completed):
+        if stats is not None:
+            stats.count("completed", at, group, exec_name, client_id)
+            if life.started_at is not None:
+                stats.run_time(at - life.started_at, at, group, exec_name, client_id)
+    elif isinstance(event, Requeued | Redriven):
+        if stats is not None:
+            name = "requeued" if isinstance(event, Requeued) else "redriven"
+            stats.count(name, at, group, exec_name, client_id)
+        life.queued_at = at
+        life.started_at = None if isinstance(event, Redriven) else life.started_at
+    elif isinstance(event, DeadLettered | Cancelled) and stats is not None:
+        name = "dead" if isinstance(event, DeadLettered) else "cancelled"
+        stats.count(name, at, group, exec_name, client_id)
+    return life
+
+
+def fold_batch(
+    events: Sequence[LoggedEvent],
+    admitted: Sequence[bool],
+    current: Mapping[JobKey, JobState],
+    *,
+    count_stats: Callable[[LoggedEvent], bool] = lambda _: True,
+) -> BatchFold:
+    """Fold a batch's admitted events into the touched jobs' states.
+
+    `current` holds the pre-batch state of every touched job that has a `jobs` row (a job
+    absent from it is new; in a batch with `pruned` events it must also hold the touched
+    jobs' closed rows). `count_stats` says which events the statistics have not counted yet
+    (after a crash, `stats` may already hold part of a replayed batch).
+
+    Raises FoldError, naming the event's place in the log, when an event does not fit its job.
+    """
+    result = BatchFold()
+    per_job: dict[JobKey, list[int]] = {}
+    group_prunes: dict[str, list[int]] = {}
+    for index, (logged, ok) in enumerate(zip(events, admitted, strict=True)):
+        if not ok:
+            continue
+        event = logged.event
+        if isinstance(event, JobEvent):
+            per_job.setdefault((logged.group, event.job_id), []).append(index)
+        elif isinstance(event, Pruned):
+            group_prunes.setdefault(logged.group, []).append(index)
+    for group, indexes in group_prunes.items():
+        steps: list[PruneStep] = []
+        for index in indexes:
+            prune = events[index].event
+            assert isinstance(prune, Pruned)
+            steps.append(PruneStep(prune.at, prune.before))
+        result.prunes[group] = steps
+
+    for key, indexes in per_job.items():
+        walk = _JobWalk(key, current.get(key), events, group_prunes.get(key[0], []), result)
+        result.final[key] = walk.run(indexes, count_stats)
+    return result
+
+
+class _JobWalk:
+    """One job's events (and its group's prunes) in log order: the core folds runs of job
+    events between prunes with `fold_job_events`; each prune may archive the life."""
+
+    def __init__(
+        self,
+        key: JobKey,
+        state: JobState | None,
+        events: Sequence[LoggedEvent],
+        prunes: Sequence[int],
+        result: BatchFold,
+    ) -> None:
+        self.key = key
+        self.group = key[0]
+        self.record = None if state is None else state.record
+        self.life = _life_of(state)
+        self.events = events
+        self.prunes = prunes
+        self.next_prune = 0
+        self.result = result
+        self.segment: list[JobEvent] = []
+        self.segment_start = 0
+
+    def run(
+        self, indexes: Sequence[int], count_stats: Callable[[LoggedEvent], bool]
+    ) -> JobState | None:
+        stats = self.result.stats
+        for index in indexes:
+            self._prune_until(index)
+            logged = self.events[index]
+            event = logged.event
+            assert isinstance(event, JobEvent)
+            if not self.segment:
+                self.segment_start = index
+            self.segment.append(event)
+            counted = stats if count_stats(logged) else None
+            self.life = _observe(self.life, event, self.group, counted)
+        self._flush()
+        self._prune_until(len(self.events))
+        if self.record is None:
+            return None
+        assert self.life is not None
+        return JobState(self.record, self.life.queued_at, self.life.started_at)
+
+    def _flush(self) -> None:
+        if not self.segment:
+            return
+        try:
+            self.record = fold_job_events(self.record, self.segment)
+        except InvalidTransition as error:
+            first = self.events[self.segment_start]
+            raise FoldError(
+                f"{error} (job {self.key[1]!r} of group {self.group!r}, events from "
+                f"partition {first.partition} offset {first.offset})"
+            ) from error
+        self.segment = []
+
+    def _prune_until(self, limit: int) -> None:
+        """Apply the group's prunes that come before log index `limit`."""
+        prunes = self.prunes
+        while self.next_prune < len(prunes) and prunes[self.next_prune] < limit:
+            self._flush()
+            prune = self.events[prunes[self.next_prune]].event
+            assert isinstance(prune, Pruned)
+            self.next_prune += 1
+            record = self.record
+            if (
+                record is not None
+                and record.status in _CLOSED_STATUSES
+                and record.updated_at <= prune.before
+            ):
+                assert self.life is not None
+                archived = JobState(record, self.life.queued_at, self.life.started_at)
+                self.result.archived.append(ArchivedLife(self.group, archived, prune.at))
+                self.record = None
+                self.life = None
+
+
+def archived_row(life: ArchivedLife) -> dict[str, Any]:
+    """The `jobs_archive` row of a pruned life."""
+    row = job_row(life.group, life.state)
+    del row["part"]
+    row["archived_at"] = life.archived_at
+    return row

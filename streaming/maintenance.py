@@ -1,0 +1,145 @@
+"""Compaction (OPTIMIZE) and VACUUM on a schedule, so MERGE cost stays flat as history grows.
+
+Every micro-batch adds a few small files to each table (and rewrites the files of `jobs`'
+open partition it touches). Compaction bins the small files together; files already at least
+`min_file_mb` are left alone, so a run costs what was added since the last one, not the size
+of the history. VACUUM then deletes the files no version within the retention still uses.
+
+Maintenance runs inside `foreachBatch`, after a batch's writes: the application is the only
+writer of its tables, so maintenance never conflicts with a batch. Its commits carry no
+`Progress`; readers of the snapshot pointer skip them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from streaming import tables as t
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenancePolicy:
+    optimize_every_s: float = 600.0
+    """Compact every table this often (0 disables)."""
+    vacuum_every_s: float = 24 * 3600.0
+    """Vacuum every table this often (0 disables)."""
+    vacuum_retain_hours: float = 168.0
+    """Files unused for this long are deleted. Below 168 h Delta's safety check is turned off
+    for the VACUUM: time travel (and readers slower than this) then lose older versions."""
+    recent_days: int = 2
+    """Date-partitioned tables: compact only the partitions of the last days (older ones were
+    compacted when they were recent, and nothing writes to them any more)."""
+    min_file_mb: int = 64
+    """Files at least this big are not compacted again."""
+    max_file_mb: int = 256
+    """Target size of a compacted file."""
+
+
+_DATE_PARTITIONED = (t.EVENTS, t.STATS, t.REJECTED, t.JOBS_ARCHIVE)
+"""Compacted partition by partition; `jobs` (two partitions) and `stats_partial` (emptied by
+every roll-up) whole."""
+
+
+class Maintenance:
+    """Runs OPTIMIZE and VACUUM when they are due."""
+
+    def __init__(
+        self,
+        warehouse: Path,
+        policy: MaintenancePolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.warehouse = warehouse
+        self.policy = policy or MaintenancePolicy()
+        self.clock = clock
+        started = clock()
+        self._last_optimize = started
+        self._last_vacuum = started
+
+    def run_due(self, spark: SparkSession) -> list[str]:
+        """Run what is due; returns what ran ("optimize", "vacuum")."""
+        ran: list[str] = []
+        now = self.clock()
+        policy = self.policy
+        if policy.optimize_every_s and now - self._last_optimize >= policy.optimize_every_s:
+            self.optimize(spark)
+            self._last_optimize = self.clock()
+            ran.append("optimize")
+        if policy.vacuum_every_s and now - self._last_vacuum >= policy.vacuum_every_s:
+            self.vacuum(spark)
+            self._last_vacuum = self.clock()
+            ran.append("vacuum")
+        return ran
+
+    @contextmanager
+    def _confs(self, spark: SparkSession, values: dict[str, str]) -> Iterator[None]:
+        conf = spark.conf
+        for key, value in values.items():
+            conf.set(key, value)
+        try:
+            yield
+        finally:
+            for key in values:
+                conf.unset(key)
+
+    def optimize(self, spark: SparkSession) -> dict[str, float]:
+        """Compact every table (recent partitions only where partitioned by date)."""
+        from delta.tables import DeltaTable
+
+        policy = self.policy
+        since = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=policy.recent_days)
+        took: dict[str, float] = {}
+        sizes = {
+            "spark.databricks.delta.optimize.minFileSize": str(policy.min_file_mb * 1024 * 1024),
+            "spark.databricks.delta.optimize.maxFileSize": str(policy.max_file_mb * 1024 * 1024),
+        }
+        with self._confs(spark, sizes):
+            for name in t.SCHEMAS:
+                started = time.perf_counter()
+                builder = DeltaTable.forPath(spark, str(t.table_path(self.warehouse, name)))
+                optimizer = builder.optimize()
+                if name in _DATE_PARTITIONED:
+                    optimizer = optimizer.where(f"date >= '{since.isoformat()}'")
+                optimizer.executeCompaction()
+                took[name] = time.perf_counter() - started
+        log.info("optimize: %s", {name: round(s, 2) for name, s in took.items()})
+        return took
+
+    def vacuum(self, spark: SparkSession) -> dict[str, float]:
+        """Delete the files no version within the retention uses.
+
+        LITE mode finds them in the Delta log instead of listing the table's folders (here
+        ~2 s a table instead of ~25 s, and it does not grow with the number of partitions);
+        it refuses when the log no longer covers the retention (e.g. after a long stop), and
+        then the full listing runs once."""
+        from pyspark.errors import PySparkException
+
+        hours = self.policy.vacuum_retain_hours
+        confs = {}
+        if hours < 168:
+            confs["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
+        took: dict[str, float] = {}
+        with self._confs(spark, confs):
+            for name in t.SCHEMAS:
+                started = time.perf_counter()
+                path = str(t.table_path(self.warehouse, name)).replace("`", "``")
+                try:
+                    spark.sql(f"VACUUM delta.`{path}` RETAIN {hours:g} HOURS LITE").collect()
+                except PySparkException as error:
+                    log.warning("VACUUM LITE of %s refused (%s); listing the table", name, error)
+                    spark.sql(f"VACUUM delta.`{path}` RETAIN {hours:g} HOURS").collect()
+                took[name] = time.perf_counter() - started
+        log.info("vacuum: %s", {name: round(s, 2) for name, s in took.items()})
+        return took

@@ -1,0 +1,195 @@
+"""Rolling `stats_partial` up into `stats`: one exact row per minute, group, exec and client.
+
+Each micro-batch appends its statistics as partial rows (an append costs a fraction of a MERGE,
+and freshness depends on the batch time). Every `rollup_every_s` (and when the application
+stops), the roll-up adds the partial rows not rolled up yet to their `stats` rows with one MERGE,
+then deletes them from `stats_partial`.
+
+Exactly once: each partial row carries `batch_end`, a number that grows with every batch (the
+sum of the events topic's end offsets of its batch). The roll-up's MERGE commit records the
+highest `batch_end` it added (`{"dispatch_rollup": 1, "through": N}` in its user metadata), and
+is keyed on it (`txnAppId` = "<app>-rollup", `txnVersion` = N); the next roll-up only takes
+rows above it. A crash between the MERGE and the DELETE leaves rows the next roll-up skips and
+deletes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streaming import tables as t
+from streaming.progress import newest_commit
+from streaming.stats import MinuteStats, StatsKey
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, SparkSession
+
+log = logging.getLogger(__name__)
+
+UTC = dt.UTC
+FORMAT = 1
+_TXN_APP = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+def rollup_metadata(through: int) -> str:
+    return json.dumps({"dispatch_rollup": FORMAT, "through": through}, separators=(",", ":"))
+
+
+def parse_rollup(text: str | None) -> int | None:
+    """The `through` of a roll-up commit's user metadata, or None for any other commit."""
+    if not text:
+        return None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(document, dict) or document.get("dispatch_rollup") != FORMAT:
+        return None
+    return int(document["through"])
+
+
+def key_of(row: dict[str, Any]) -> StatsKey:
+    minute: dt.datetime = row["minute"]
+    if minute.tzinfo is None:
+        minute = minute.replace(tzinfo=UTC)
+    return (int(minute.timestamp()), row["dispatch_group"], row["exec"], row["client_id"])
+
+
+def stats_row(key: StatsKey, stats: MinuteStats) -> dict[str, Any]:
+    """A `stats` row (the partial rows are these without the percentile columns)."""
+    minute, group, exec_name, client_id = key
+    moment = dt.datetime.fromtimestamp(minute, UTC)
+    row: dict[str, Any] = {
+        "date": moment.date(),
+        "minute": moment,
+        "dispatch_group": group,
+        "exec": exec_name,
+        "client_id": client_id,
+    }
+    row.update(stats.columns())
+    return row
+
+
+def aggregate(rows: Iterable[dict[str, Any]]) -> dict[StatsKey, MinuteStats]:
+    """Sum rows (partial or rolled up) per key."""
+    out: dict[StatsKey, MinuteStats] = {}
+    for row in rows:
+        key = key_of(row)
+        stats = MinuteStats.from_columns(row)
+        if key in out:
+            out[key].merge(stats)
+        else:
+            out[key] = stats
+    return out
+
+
+class StatsRollup:
+    """Runs the roll-up when it is due, and on demand."""
+
+    def __init__(
+        self,
+        warehouse: Path,
+        every_s: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.warehouse = warehouse
+        self.every_s = every_s
+        self.clock = clock
+        self._last = clock()
+
+    def due(self) -> bool:
+        return self.every_s <= 0 or self.clock() - self._last >= self.every_s
+
+    def _table(self, name: str) -> Any:
+        from deltalake import DeltaTable
+
+        return DeltaTable(str(t.table_path(self.warehouse, name)))
+
+    def rolled_through(self) -> int:
+        """The highest `batch_end` already in `stats` (0: none)."""
+        found = newest_commit(self._table(t.STATS), parse_rollup)
+        return 0 if found is None else found[2]
+
+    def run(self, spark: SparkSession, app_id: str) -> int:
+        """Roll up what is pending; returns the number of `stats` rows written."""
+        self._last = self.clock()
+        through = self.rolled_through()
+        partial = self._table(t.STATS_PARTIAL).to_pyarrow_table().to_pylist()
+        pending = [row for row in partial if row["batch_end"] > through]
+        written = 0
+        if pending:
+            new_through = max(int(row["batch_end"]) for row in pending)
+            additions = aggregate(pending)
+            merged = self._existing(additions)
+            for key, stats in additions.items():
+                if key in merged:
+                    merged[key].merge(stats)
+                else:
+                    merged[key] = stats
+            rows = [stats_row(key, merged[key]) for key in sorted(additions)]
+            self._merge(spark, rows, app_id, new_through)
+            through = new_through
+            written = len(rows)
+        if partial:
+            from delta.tables import DeltaTable
+
+            path = str(t.table_path(self.warehouse, t.STATS_PARTIAL))
+            DeltaTable.forPath(spark, path).delete(f"batch_end <= {through}")
+        return written
+
+    def _existing(self, keys: Iterable[StatsKey]) -> dict[StatsKey, MinuteStats]:
+        wanted = set(keys)
+        days = sorted({dt.datetime.fromtimestamp(key[0], UTC).date() for key in wanted})
+        dataset = self._table(t.STATS).to_pyarrow_dataset(
+            file_pruning_predicate=[("date", "in", [day.isoformat() for day in days])]
+        )
+        minutes = pa.array(
+            [dt.datetime.fromtimestamp(m, UTC) for m in sorted({key[0] for key in wanted})],
+            t.SCHEMAS[t.STATS].field("minute").type,
+        )
+        found = dataset.to_table(filter=pc.field("minute").isin(minutes)).to_pylist()
+        return aggregate(row for row in found if key_of(row) in wanted)
+
+    def _merge(
+        self, spark: SparkSession, rows: list[dict[str, Any]], app_id: str, through: int
+    ) -> None:
+        from delta.tables import DeltaTable
+
+        source = spark.createDataFrame(t.arrow_rows(t.STATS, rows))
+        dates = sorted({row["date"].isoformat() for row in rows})
+        condition = (
+            f"t.date IN ({', '.join(repr(day) for day in dates)})"
+            " AND t.minute = s.minute AND t.dispatch_group = s.dispatch_group"
+            " AND t.exec = s.exec AND t.client_id = s.client_id"
+        )
+        columns: dict[str, str | Column] = {
+            name: f"s.`{name}`" for name in t.SCHEMAS[t.STATS].names
+        }
+        target = DeltaTable.forPath(spark, str(t.table_path(self.warehouse, t.STATS)))
+        conf = spark.conf
+        conf.set(_TXN_APP, f"{app_id}-rollup")
+        conf.set(_TXN_VERSION, str(through))
+        conf.set(_USER_METADATA, rollup_metadata(through))
+        try:
+            (
+                target.alias("t")
+                .merge(source.alias("s"), condition)
+                .whenMatchedUpdate(set=columns)
+                .whenNotMatchedInsert(values=columns)
+                .execute()
+            )
+        finally:
+            for key in (_TXN_APP, _TXN_VERSION, _USER_METADATA):
+                conf.unset(key)
+        log.info("stats roll-up through batch_end %d: %d rows", through, len(rows))

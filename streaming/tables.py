@@ -1,0 +1,221 @@
+"""The Delta tables the streaming application maintains: names, schemas, partitioning.
+
+Schemas are written once, as Arrow schemas (the fold builds its rows in Arrow), and converted
+for Spark. Every table keeps to the features delta-rs reads and writes: protocol (1, 2), no
+deletion vectors, row tracking, clustering, in-commit timestamps or identity columns; partitions
+by plain columns only.
+
+- `events`: one row per record of `dispatch.submit` and `dispatch.submit.rejected`, and per
+  logged event of `dispatch.events`; partitioned by `date` (UTC day of the event).
+- `jobs`: one row per job the leader holds (current state); partitioned by `part`: `open`
+  (queued, running, dead) or `closed` (succeeded, cancelled).
+- `jobs_archive`: one row per job life the leader pruned; partitioned by `date` (UTC day of
+  its last update).
+- `stats`: one row per minute x dispatch group x exec x client; partitioned by `date`.
+  Rolled up from `stats_partial` every `StreamOptions.rollup_every_s`.
+- `stats_partial`: each batch's contributions to `stats` not rolled up yet (small, emptied by
+  every roll-up); unpartitioned.
+- `rejected`: one row per rejected submission; partitioned by `date`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+EVENTS = "events"
+JOBS = "jobs"
+JOBS_ARCHIVE = "jobs_archive"
+STATS = "stats"
+STATS_PARTIAL = "stats_partial"
+REJECTED = "rejected"
+
+_TIME = pa.timestamp("us", tz="UTC")
+
+_JOB_FIELDS: list[tuple[str, pa.DataType]] = [
+    ("dispatch_group", pa.string()),
+    ("id", pa.string()),
+    ("client_id", pa.string()),
+    ("exec", pa.string()),
+    ("status", pa.string()),
+    ("attempts", pa.int32()),
+    ("worker_id", pa.string()),
+    ("submitted_at", pa.float64()),
+    ("updated_at", pa.float64()),
+    ("result", pa.string()),
+    ("error", pa.string()),
+    ("payload", pa.string()),
+    ("max_attempts", pa.int32()),
+    ("timeout_s", pa.float64()),
+    ("priority", pa.int32()),
+    ("not_before", pa.float64()),
+    ("lease", pa.string()),
+    ("deadline", pa.float64()),
+    ("dead_reason", pa.string()),
+    ("seq", pa.int64()),
+    ("queued_at", pa.float64()),
+    ("started_at", pa.float64()),
+]
+
+_PERCENTILE_SUFFIXES = ("p50_s", "p95_s", "p99_s")
+
+
+def _latency_fields(percentiles: bool) -> list[tuple[str, pa.DataType]]:
+    suffixes: list[tuple[str, pa.DataType]] = [
+        ("n", pa.int64()),
+        ("sum_s", pa.float64()),
+        ("min_s", pa.float64()),
+        ("max_s", pa.float64()),
+    ]
+    if percentiles:
+        suffixes += [(suffix, pa.float64()) for suffix in _PERCENTILE_SUFFIXES]
+    suffixes.append(("hist", pa.map_(pa.int32(), pa.int64())))
+    return [
+        (f"{latency}_{suffix}", kind)
+        for latency in ("queue_wait", "run_time")
+        for suffix, kind in suffixes
+    ]
+
+
+_STATS_KEY_FIELDS: list[tuple[str, pa.DataType]] = [
+    ("date", pa.date32()),
+    ("minute", _TIME),
+    ("dispatch_group", pa.string()),
+    ("exec", pa.string()),
+    ("client_id", pa.string()),
+]
+_COUNTER_FIELDS: list[tuple[str, pa.DataType]] = [
+    (name, pa.int64())
+    for name in (
+        "submitted", "started", "retries", "completed", "requeued", "dead", "cancelled", "redriven",
+    )
+]  # fmt: skip
+
+SCHEMAS: dict[str, pa.Schema] = {
+    EVENTS: pa.schema(
+        [
+            ("date", pa.date32()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("idx", pa.int32()),
+            ("kind", pa.string()),
+            ("dispatch_group", pa.string()),
+            ("record_epoch", pa.int64()),
+            ("type", pa.string()),
+            ("epoch", pa.int64()),
+            ("at", pa.float64()),
+            ("event_time", _TIME),
+            ("job_id", pa.string()),
+            ("worker_id", pa.string()),
+            ("admitted", pa.bool_()),
+            ("body", pa.string()),
+            ("raw", pa.binary()),
+            ("error", pa.string()),
+            ("kafka_time", _TIME),
+            ("batch_id", pa.int64()),
+        ]
+    ),
+    JOBS: pa.schema([*_JOB_FIELDS, ("part", pa.string())]),
+    JOBS_ARCHIVE: pa.schema([*_JOB_FIELDS, ("archived_at", pa.float64()), ("date", pa.date32())]),
+    STATS: pa.schema([*_STATS_KEY_FIELDS, *_COUNTER_FIELDS, *_latency_fields(True)]),
+    STATS_PARTIAL: pa.schema(
+        [
+            *_STATS_KEY_FIELDS,
+            *_COUNTER_FIELDS,
+            *_latency_fields(False),
+            ("batch_end", pa.int64()),
+            ("batch_id", pa.int64()),
+        ]
+    ),
+    REJECTED: pa.schema(
+        [
+            ("date", pa.date32()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("reason", pa.string()),
+            ("source_topic", pa.string()),
+            ("source_partition", pa.int32()),
+            ("source_offset", pa.int64()),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("value_text", pa.string()),
+            ("job_id", pa.string()),
+            ("at", pa.float64()),
+            ("rejected_time", _TIME),
+            ("kafka_time", _TIME),
+            ("batch_id", pa.int64()),
+        ]
+    ),
+}
+
+PARTITIONS: dict[str, list[str]] = {
+    EVENTS: ["date"],
+    JOBS: ["part"],
+    JOBS_ARCHIVE: ["date"],
+    STATS: ["date"],
+    STATS_PARTIAL: [],
+    REJECTED: ["date"],
+}
+
+KEYS: dict[str, list[str]] = {
+    EVENTS: ["topic", "partition", "offset", "idx"],
+    JOBS: ["dispatch_group", "id"],
+    JOBS_ARCHIVE: ["dispatch_group", "id", "submitted_at"],
+    STATS: ["minute", "dispatch_group", "exec", "client_id"],
+    STATS_PARTIAL: ["batch_end", "minute", "dispatch_group", "exec", "client_id"],
+    REJECTED: ["topic", "partition", "offset"],
+}
+"""What identifies a row (no two rows share it)."""
+
+TABLE_PROPERTIES: dict[str, str] = {
+    # MERGE rewrites the few small files of jobs' open partition; deletion vectors would
+    # save little there and cost every reader a second lookup.
+    "delta.enableDeletionVectors": "false",
+    "delta.enableRowTracking": "false",
+    "delta.enableInCommitTimestamps": "false",
+}
+
+
+def table_path(warehouse: Path, name: str) -> Path:
+    return warehouse / name
+
+
+def spark_schema(name: str) -> StructType:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(SCHEMAS[name], prefer_timestamp_ntz=False)
+
+
+def empty_table(name: str) -> pa.Table:
+    return SCHEMAS[name].empty_table()
+
+
+def arrow_rows(name: str, rows: list[dict[str, object]]) -> pa.Table:
+    """Rows of `name` as an Arrow table with exactly the table's schema."""
+    return pa.Table.from_pylist(rows, schema=SCHEMAS[name])
+
+
+def create_tables(spark: SparkSession, warehouse: Path) -> None:
+    """Create every table that does not exist yet (a no-op for the others)."""
+    from delta.tables import DeltaTable
+
+    for name in SCHEMAS:
+        path = table_path(warehouse, name)
+        if DeltaTable.isDeltaTable(spark, str(path)):
+            continue
+        builder = (
+            DeltaTable.createIfNotExists(spark).location(str(path)).addColumns(spark_schema(name))
+        )
+        if PARTITIONS[name]:
+            builder = builder.partitionedBy(*PARTITIONS[name])
+        for key, value in TABLE_PROPERTIES.items():
+            builder = builder.property(key, value)
+        builder.execute()

@@ -1,0 +1,128 @@
+"""`BatchWriter` called directly: a replayed batch changes nothing, a batch cut between two
+of its writes completes exactly once when replayed."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from dispatch.core.events import Completed, Enqueued
+from dispatch.core.fence import fence_events
+from dispatch.settings import Settings
+from streaming import tables as t
+from streaming.app import topics_of
+from streaming.batch import BatchWriter
+from streaming.fold import BatchFold
+from streaming.rollup import StatsRollup
+from tests.integration.streaming.conftest import jobs_of, produce, spark_rows
+from tests.unit.streaming.workload import mixed_workload
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+pytestmark = pytest.mark.integration
+
+
+def kafka_batch(spark: SparkSession, settings: Settings) -> DataFrame:
+    """Everything the topics hold now, as the streaming source would hand it over."""
+    return (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", settings.kafka.bootstrap)
+        .option("subscribe", ",".join(topics_of(settings).all()))
+        .option("kafka.isolation.level", "read_committed")
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .load()
+    )
+
+
+def checkpoint(base: Path, query_id: str) -> Path:
+    """A checkpoint folder as Spark starts it (its metadata names the query id)."""
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
+    return base
+
+
+def versions(settings: Settings) -> dict[str, int]:
+    from deltalake import DeltaTable
+
+    warehouse = settings.paths.warehouse
+    return {name: DeltaTable(str(t.table_path(warehouse, name))).version() for name in t.SCHEMAS}
+
+
+class CrashBeforeJobs(BatchWriter):
+    """Dies after events, rejected and stats are committed, before the jobs MERGE."""
+
+    def _merge_jobs(self, spark: Any, batch_id: int, end: Any, fold: BatchFold) -> None:
+        raise RuntimeError("killed before the jobs MERGE")
+
+
+def test_replays_and_a_cut_batch_change_the_tables_exactly_once(
+    topics: Settings, spark: SparkSession, tmp_path: Path
+) -> None:
+    settings = topics
+    workload = mixed_workload()
+    half = len(workload.log) // 2
+    produce(settings, workload.log[:half], submits=workload.submits[:4])
+    warehouse = settings.paths.warehouse
+    t.create_tables(spark, warehouse)
+    first = checkpoint(tmp_path / "cp-a", "query-a")
+    writer = BatchWriter(warehouse, topics_of(settings), first)
+    writer(kafka_batch(spark, settings), 0)
+    after_first = versions(settings)
+
+    # The same batch again: by the same writer, then by a restarted one (positions reloaded).
+    writer(kafka_batch(spark, settings), 0)
+    BatchWriter(warehouse, topics_of(settings), first)(kafka_batch(spark, settings), 0)
+    assert versions(settings) == after_first
+
+    # Batch 1 is cut after its stats MERGE; the restarted writer replays it.
+    produce(
+        settings,
+        workload.log[half:],
+        submits=workload.submits[4:],
+        rejections=workload.rejections,
+        aborted=workload.aborted,
+        transactional=True,
+    )
+    with pytest.raises(RuntimeError, match="killed"):
+        CrashBeforeJobs(warehouse, topics_of(settings), first)(kafka_batch(spark, settings), 1)
+    cut = versions(settings)
+    assert cut[t.JOBS] == after_first[t.JOBS]
+    assert cut[t.STATS_PARTIAL] > after_first[t.STATS_PARTIAL]
+    BatchWriter(warehouse, topics_of(settings), first)(kafka_batch(spark, settings), 1)
+    done = versions(settings)
+    assert done[t.STATS_PARTIAL] == cut[t.STATS_PARTIAL] and done[t.EVENTS] == cut[t.EVENTS]
+    check_tables(settings, spark, workload)
+
+    # A new checkpoint (new app id, batch ids from 0) over the same data adds nothing.
+    fresh = BatchWriter(warehouse, topics_of(settings), checkpoint(tmp_path / "cp-b", "query-b"))
+    fresh(kafka_batch(spark, settings), 0)
+    check_tables(settings, spark, workload)
+
+
+def check_tables(settings: Settings, spark: SparkSession, workload: Any) -> None:
+    rollup = StatsRollup(settings.paths.warehouse)
+    rollup.run(spark, "test")
+    assert not spark_rows(spark, settings, t.STATS_PARTIAL)
+    rolled = versions(settings)[t.STATS]
+    rollup.run(spark, "test")
+    assert versions(settings)[t.STATS] == rolled, "a roll-up with nothing pending changed stats"
+    assert jobs_of(spark_rows(spark, settings, t.JOBS)) == workload.expected_jobs()
+    events = spark_rows(spark, settings, t.EVENTS)
+    keys = Counter((row["topic"], row["partition"], row["offset"], row["idx"]) for row in events)
+    assert max(keys.values()) == 1
+    assert len(events) == len(workload.events()) + len(workload.submits) + len(workload.rejections)
+    assert len(spark_rows(spark, settings, t.REJECTED)) == len(workload.rejections)
+    admitted, _ = fence_events(workload.events())
+    stats = spark_rows(spark, settings, t.STATS)
+    assert sum(row["submitted"] for row in stats) == sum(
+        isinstance(event, Enqueued) for event in admitted
+    )
+    assert sum(row["completed"] for row in stats) == sum(
+        isinstance(event, Completed) for event in admitted
+    )

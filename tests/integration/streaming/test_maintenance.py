@@ -1,0 +1,56 @@
+"""OPTIMIZE and VACUUM keep every table's content (and the snapshot pointer) unchanged."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from dispatch.settings import Settings
+from streaming import tables as t
+from streaming.maintenance import Maintenance, MaintenancePolicy
+from streaming.snapshot import latest_snapshot
+from tests.integration.streaming.conftest import (
+    delta_rs_rows,
+    jobs_of,
+    produce,
+    row_set,
+    run_stream,
+    spark_rows,
+)
+from tests.unit.streaming.workload import GROUP, random_workload
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.integration
+
+
+def file_count(settings: Settings, name: str) -> int:
+    from deltalake import DeltaTable
+
+    return len(DeltaTable(str(t.table_path(settings.paths.warehouse, name))).file_uris())
+
+
+def test_compaction_and_vacuum_change_no_row(topics: Settings, spark: SparkSession) -> None:
+    settings = topics
+    workload = random_workload(3, steps=250)
+    third = len(workload.log) // 3
+    for part in (workload.log[:third], workload.log[third : 2 * third], workload.log[2 * third :]):
+        produce(settings, part)
+        run_stream(settings, spark)
+    before = {name: row_set(spark_rows(spark, settings, name)) for name in t.SCHEMAS}
+    snapshot = latest_snapshot(settings.paths.warehouse, GROUP)
+    files = sum(file_count(settings, name) for name in t.SCHEMAS)
+    maintenance = Maintenance(settings.paths.warehouse, MaintenancePolicy(vacuum_retain_hours=0))
+    maintenance.optimize(spark)
+    maintenance.vacuum(spark)
+    assert sum(file_count(settings, name) for name in t.SCHEMAS) < files
+    for name in t.SCHEMAS:
+        assert row_set(spark_rows(spark, settings, name)) == before[name], name
+        assert row_set(delta_rs_rows(settings, name)) == before[name], name
+    after = latest_snapshot(settings.paths.warehouse, GROUP)
+    assert after is not None and snapshot is not None
+    # Maintenance commits carry no progress: the pointer still names the last batch.
+    assert (after.version, after.offsets) == (snapshot.version, snapshot.offsets)
+    assert jobs_of(spark_rows(spark, settings, t.JOBS)) == workload.expected_jobs()

@@ -1,0 +1,75 @@
+"""`latest_snapshot` on a jobs table written with delta-rs (no Spark needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deltalake import CommitProperties, write_deltalake
+
+from dispatch.core.job import JobRecord, JobStatus
+from streaming import tables as t
+from streaming.fold import JobState, job_row
+from streaming.progress import BATCH, PRUNE, Progress
+from streaming.snapshot import latest_snapshot
+
+
+def record(job_id: str, status: JobStatus = JobStatus.QUEUED) -> JobRecord:
+    job = JobRecord(
+        id=job_id,
+        client_id="c",
+        exec="a.b",
+        payload={"p": 1},
+        max_attempts=3,
+        timeout_s=5.0,
+        submitted_at=1.0,
+        updated_at=2.0,
+        seq=1,
+    )
+    job.status = status
+    return job
+
+
+def commit(warehouse: Path, rows: list[JobRecord], group: str, metadata: Progress | None) -> None:
+    table = t.arrow_rows(t.JOBS, [job_row(group, JobState(job)) for job in rows])
+    custom = {"userMetadata": metadata.to_json()} if metadata else None
+    write_deltalake(
+        str(t.table_path(warehouse, t.JOBS)),
+        table,
+        mode="append",
+        partition_by=t.PARTITIONS[t.JOBS],
+        commit_properties=CommitProperties(custom_metadata=custom),
+    )
+
+
+def progress(batch: int, kind: str = BATCH) -> Progress:
+    return Progress(
+        app_id="app",
+        batch_id=batch,
+        kind=kind,
+        offsets={"ev": {0: 40 + batch}, "sub": {0: 3}},
+        topics={"events": "ev", "submit": "sub"},
+        fence={"g": 4},
+    )
+
+
+def test_the_snapshot_is_the_last_batch_commit_of_the_group(tmp_path: Path) -> None:
+    commit(tmp_path, [record("a"), record("b", JobStatus.CANCELLED)], "g", progress(0))
+    commit(tmp_path, [record("other")], "h", progress(1))
+    commit(tmp_path, [], "g", None)  # a maintenance commit
+    commit(tmp_path, [record("late")], "g", progress(2, PRUNE))  # not a batch end
+    snapshot = latest_snapshot(tmp_path, "g")
+    assert snapshot is not None
+    assert snapshot.version == 1 and snapshot.batch_id == 1
+    assert sorted(job.id for job in snapshot.jobs) == ["a", "b"]
+    assert snapshot.jobs[0].payload == {"p": 1}
+    assert snapshot.events_topic == "ev" and snapshot.offsets == {0: 41}
+    assert snapshot.fence_epoch == 4 and snapshot.app_id == "app"
+    other = latest_snapshot(tmp_path, "h")
+    assert other is not None and [job.id for job in other.jobs] == ["other"]
+    assert other.fence_epoch == 0
+
+
+def test_no_snapshot_without_a_batch_commit(tmp_path: Path) -> None:
+    assert latest_snapshot(tmp_path, "g") is None
+    commit(tmp_path, [record("a")], "g", None)
+    assert latest_snapshot(tmp_path, "g") is None

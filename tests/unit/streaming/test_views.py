@@ -1,0 +1,29 @@
+"""delta-rs readers of the DLQ and of one job (the Spark views run in the integration tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dispatch.core.job import DeadReason, JobStatus
+from streaming.views import VIEWS, read_dlq, read_job
+from tests.unit.streaming.test_snapshot import commit, record
+
+
+def test_the_dlq_and_single_jobs(tmp_path: Path) -> None:
+    dead_late, dead_early = (
+        record("dead-late", JobStatus.DEAD),
+        record("dead-early", JobStatus.DEAD),
+    )
+    for job, updated in ((dead_late, 9.0), (dead_early, 3.0)):
+        job.dead_reason = DeadReason.ACK_TIMEOUT
+        job.attempts = 3
+        job.updated_at = updated
+    commit(
+        tmp_path, [record("q"), dead_late, dead_early, record("s", JobStatus.SUCCEEDED)], "g", None
+    )
+    assert [job.id for job in read_dlq(tmp_path)] == ["dead-early", "dead-late"]
+    assert [job.id for job in read_dlq(tmp_path, "other")] == []
+    found = read_job(tmp_path, "s")
+    assert found is not None and found.status is JobStatus.SUCCEEDED
+    assert read_job(tmp_path, "s", "other") is None and read_job(tmp_path, "nope") is None
+    assert "status = 'dead'" in VIEWS["dlq"]

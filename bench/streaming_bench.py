@@ -534,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=120.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds before measuring")
     parser.add_argument(
-        "--optimize-every", type=float, default=60.0, help="compaction interval (s)"
+        "--optimize-every", type=float, default=600.0, help="compaction interval (s)"
     )
     parser.add_argument("--history", default="10000,100000,1000000", help="history sizes")
     parser.add_argument("--batch-jobs", type=int, default=1000, help="jobs per MERGE batch")

@@ -53,7 +53,11 @@ every roll-up) whole."""
 
 
 class Maintenance:
-    """Runs OPTIMIZE and VACUUM when they are due."""
+    """Runs OPTIMIZE and VACUUM when they are due, one table per step.
+
+    Each table is compacted every `optimize_every_s` (vacuumed every `vacuum_every_s`), but the
+    tables take turns, a step every interval / number of tables: a batch that runs maintenance
+    pays for one table (about a second here), not for all of them at once."""
 
     def __init__(
         self,
@@ -64,23 +68,29 @@ class Maintenance:
         self.warehouse = warehouse
         self.policy = policy or MaintenancePolicy()
         self.clock = clock
+        self.tables = list(t.SCHEMAS)
         started = clock()
-        self._last_optimize = started
-        self._last_vacuum = started
+        self._last = {"optimize": started, "vacuum": started}
+        self._turn = {"optimize": 0, "vacuum": 0}
 
     def run_due(self, spark: SparkSession) -> list[str]:
-        """Run what is due; returns what ran ("optimize", "vacuum")."""
+        """Run the steps that are due; returns them ("optimize <table>", "vacuum <table>")."""
         ran: list[str] = []
-        now = self.clock()
         policy = self.policy
-        if policy.optimize_every_s and now - self._last_optimize >= policy.optimize_every_s:
-            self.optimize(spark)
-            self._last_optimize = self.clock()
-            ran.append("optimize")
-        if policy.vacuum_every_s and now - self._last_vacuum >= policy.vacuum_every_s:
-            self.vacuum(spark)
-            self._last_vacuum = self.clock()
-            ran.append("vacuum")
+        for kind, every_s in (
+            ("optimize", policy.optimize_every_s),
+            ("vacuum", policy.vacuum_every_s),
+        ):
+            if not every_s or self.clock() - self._last[kind] < every_s / len(self.tables):
+                continue
+            name = self.tables[self._turn[kind] % len(self.tables)]
+            self._turn[kind] += 1
+            if kind == "optimize":
+                self.optimize(spark, [name])
+            else:
+                self.vacuum(spark, [name])
+            self._last[kind] = self.clock()
+            ran.append(f"{kind} {name}")
         return ran
 
     @contextmanager
@@ -94,8 +104,9 @@ class Maintenance:
             for key in values:
                 conf.unset(key)
 
-    def optimize(self, spark: SparkSession) -> dict[str, float]:
-        """Compact every table (recent partitions only where partitioned by date)."""
+    def optimize(self, spark: SparkSession, names: list[str] | None = None) -> dict[str, float]:
+        """Compact the tables (all by default; recent partitions only where partitioned by
+        date)."""
         from delta.tables import DeltaTable
 
         policy = self.policy
@@ -106,7 +117,7 @@ class Maintenance:
             "spark.databricks.delta.optimize.maxFileSize": str(policy.max_file_mb * 1024 * 1024),
         }
         with self._confs(spark, sizes):
-            for name in t.SCHEMAS:
+            for name in names or self.tables:
                 started = time.perf_counter()
                 builder = DeltaTable.forPath(spark, str(t.table_path(self.warehouse, name)))
                 optimizer = builder.optimize()
@@ -117,7 +128,7 @@ class Maintenance:
         log.info("optimize: %s", {name: round(s, 2) for name, s in took.items()})
         return took
 
-    def vacuum(self, spark: SparkSession) -> dict[str, float]:
+    def vacuum(self, spark: SparkSession, names: list[str] | None = None) -> dict[str, float]:
         """Delete the files no version within the retention uses.
 
         LITE mode finds them in the Delta log instead of listing the table's folders (here
@@ -132,7 +143,7 @@ class Maintenance:
             confs["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
         took: dict[str, float] = {}
         with self._confs(spark, confs):
-            for name in t.SCHEMAS:
+            for name in names or self.tables:
                 started = time.perf_counter()
                 path = str(t.table_path(self.warehouse, name)).replace("`", "``")
                 try:

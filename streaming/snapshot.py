@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dispatch.core.job import JobRecord
 from streaming import tables as t
-from streaming.fold import record_from_row
+from streaming.fold import records_from_arrow
 from streaming.progress import BATCH, latest_progress_of
 
 
@@ -68,12 +68,12 @@ def latest_snapshot(warehouse: Path, group: str = "default") -> Snapshot | None:
     dataset = table.to_pyarrow_dataset()
     import pyarrow.compute as pc
 
-    rows = dataset.to_table(filter=pc.field("dispatch_group") == group).to_pylist()
+    rows = dataset.to_table(filter=pc.field("dispatch_group") == group)
     events_topic = progress.topics.get("events", "")
     return Snapshot(
         version=committed.version,
         group=group,
-        jobs=[record_from_row(row) for row in rows],
+        jobs=records_from_arrow(rows),
         events_topic=events_topic,
         offsets=dict(progress.offsets.get(events_topic, {})),
         fence_epoch=progress.fence.get(group, 0),

@@ -18,14 +18,13 @@ from streaming import tables as t
 from streaming.fold import OPEN, record_from_row
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 VIEWS: dict[str, str] = {
     "dlq": f"SELECT * FROM jobs WHERE part = '{OPEN}' AND status = 'dead'",
     "jobs_all": (
-        "SELECT *, CAST(NULL AS DOUBLE) AS archived_at FROM jobs"
-        " UNION ALL SELECT *, 'archived' AS part FROM"
-        " (SELECT * EXCEPT (date) FROM jobs_archive)"
+        "SELECT *, CAST(NULL AS DOUBLE) AS archived_at FROM jobs UNION ALL"
+        " SELECT * EXCEPT (archived_at, date), 'archived' AS part, archived_at FROM jobs_archive"
     ),
 }
 """Views over the tables: `dlq`, and `jobs_all` (current jobs and pruned lives together)."""
@@ -43,6 +42,55 @@ def register_views(spark: SparkSession, warehouse: Path) -> list[str]:
         spark.sql(query).createOrReplaceTempView(name)
         names.append(name)
     return names
+
+
+def latency_percentiles(
+    stats: DataFrame,
+    by: list[str],
+    latency: str = "run_time",
+    quantiles: tuple[float, ...] = (0.5, 0.95, 0.99),
+) -> DataFrame:
+    """Percentiles of `latency` (`queue_wait` or `run_time`) over `stats` rows grouped `by`
+    any columns (e.g. `["exec"]`, or an hour column): the rows' histograms are added up, then
+    read as `streaming.stats.Histogram.percentile` does (nearest rank, bucket middle, clamped
+    to the observed min and max). Columns: `by`, `n`, then `p50`, `p95`... in seconds.
+
+        latency_percentiles(spark.table("stats").where("date = current_date()"), ["exec"])
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from streaming.stats import BUCKET_FLOOR_S, BUCKETS_PER_DOUBLING
+
+    hist, count = f"{latency}_hist", f"{latency}_n"
+    totals = stats.groupBy(*by).agg(
+        F.sum(count).alias("n"),
+        F.min(f"{latency}_min_s").alias("_min"),
+        F.max(f"{latency}_max_s").alias("_max"),
+    )
+    buckets = (
+        stats.select(*by, F.explode(hist).alias("bucket", "count"))
+        .groupBy(*by, "bucket")
+        .agg(F.sum("count").alias("count"))
+    )
+    ordered = Window.partitionBy(*by).orderBy("bucket")
+    running = buckets.withColumn("seen", F.sum("count").over(ordered)).join(totals, by)
+    middle = F.when(F.col("bucket") <= 0, F.lit(BUCKET_FLOOR_S / 2)).otherwise(
+        F.lit(BUCKET_FLOOR_S)
+        * F.pow(F.lit(2.0), (F.col("bucket") - F.lit(0.5)) / F.lit(BUCKETS_PER_DOUBLING))
+    )
+    picks = []
+    for quantile in quantiles:
+        rank = F.greatest(F.lit(1), F.ceil(F.lit(quantile) * F.col("n")))
+        value = F.least(F.greatest(middle, F.col("_min")), F.col("_max")).alias("value")
+        name = f"p{round(quantile * 100):d}"
+        picks.append(F.min(F.when(F.col("seen") >= rank, F.struct("bucket", value))).alias(name))
+    result = running.groupBy(*by, "n").agg(*picks)
+    return result.select(
+        *by,
+        "n",
+        *[F.col(f"p{round(q * 100):d}.value").alias(f"p{round(q * 100):d}") for q in quantiles],
+    )
 
 
 def _jobs_rows(warehouse: Path, partition: str | None, filters: Any) -> list[dict[str, Any]]:

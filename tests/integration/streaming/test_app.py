@@ -104,6 +104,11 @@ def test_the_dlq_is_the_leaders(mixed_run: MixedRun, spark: SparkSession) -> Non
     by_sql = sorted(row["id"] for row in spark.sql("SELECT id FROM dlq").collect())
     assert by_sql == expected
     assert sorted(record.id for record in read_dlq(mixed_run.settings.paths.warehouse)) == expected
+    parts = spark.sql("SELECT part, count(*) AS n FROM jobs_all GROUP BY part").collect()
+    counts = {row["part"]: row["n"] for row in parts}
+    archived = len(spark_rows(spark, mixed_run.settings, t.JOBS_ARCHIVE))
+    assert counts["archived"] == archived
+    assert counts["open"] + counts["closed"] == len(mixed_run.workload.expected_jobs())
 
 
 def test_statistics_count_every_admitted_event_once(
@@ -137,6 +142,30 @@ def test_statistics_count_every_admitted_event_once(
     for row in rows:
         if row["run_time_n"]:
             assert row["run_time_min_s"] <= row["run_time_p50_s"] <= row["run_time_max_s"]
+
+
+def test_percentiles_at_any_granularity_read_the_histograms(
+    mixed_run: MixedRun, spark: SparkSession
+) -> None:
+    from streaming.stats import Histogram
+    from streaming.views import latency_percentiles
+
+    frame = spark.read.format("delta").load(
+        str(t.table_path(mixed_run.settings.paths.warehouse, t.STATS))
+    )
+    by_spark = {row["exec"]: row.asDict() for row in latency_percentiles(frame, ["exec"]).collect()}
+    expected: dict[str, Histogram] = {}
+    for row in spark_rows(spark, mixed_run.settings, t.STATS):
+        if row["run_time_n"]:
+            expected.setdefault(row["exec"], Histogram()).merge(
+                Histogram.from_columns(row, "run_time")
+            )
+    assert expected and set(by_spark) >= set(expected)
+    for exec_name, histogram in expected.items():
+        got = by_spark[exec_name]
+        assert got["n"] == histogram.count
+        for name, quantile in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+            assert got[name] == pytest.approx(histogram.percentile(quantile)), (exec_name, name)
 
 
 def test_pruned_lives_leave_jobs_for_the_archive(mixed_run: MixedRun, spark: SparkSession) -> None:

@@ -207,3 +207,16 @@ def test_rows_round_trip_through_the_table_format() -> None:
     assert row["payload"] == '{"x":[1,2.5,null]}' and row["part"] == OPEN
     key, back = job_state(row)
     assert key == (GROUP, "j") and back == state
+
+
+def test_the_columnar_reader_equals_the_validating_one() -> None:
+    import pyarrow as pa
+
+    from streaming import tables as t
+    from streaming.fold import record_from_row, records_from_arrow
+
+    tables = fold_in_batches(random_workload(5), random.Random(5), 50)
+    rows = list(tables.jobs.values())
+    table = pa.Table.from_pylist(rows, schema=t.SCHEMAS[t.JOBS])
+    assert records_from_arrow(table) == [record_from_row(row) for row in rows]
+    assert {job.status for job in records_from_arrow(table)} >= {JobStatus.DEAD}

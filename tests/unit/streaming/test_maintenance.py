@@ -14,27 +14,31 @@ NO_SPARK = cast(Any, None)
 class Recording(Maintenance):
     def __init__(self, policy: MaintenancePolicy, clock: list[float]) -> None:
         super().__init__(Path("/nowhere"), policy, clock=lambda: clock[0])
+        self.tables = ["a", "b"]
         self.ran: list[str] = []
 
-    def optimize(self, spark: Any) -> dict[str, float]:
-        self.ran.append("optimize")
+    def optimize(self, spark: Any, names: list[str] | None = None) -> dict[str, float]:
+        self.ran += [f"optimize {name}" for name in names or self.tables]
         return {}
 
-    def vacuum(self, spark: Any) -> dict[str, float]:
-        self.ran.append("vacuum")
+    def vacuum(self, spark: Any, names: list[str] | None = None) -> dict[str, float]:
+        self.ran += [f"vacuum {name}" for name in names or self.tables]
         return {}
 
 
-def test_each_operation_runs_when_its_interval_has_passed() -> None:
+def test_tables_take_turns_so_each_is_done_once_per_interval() -> None:
     clock = [100.0]
-    maintenance = Recording(MaintenancePolicy(optimize_every_s=10, vacuum_every_s=25), clock)
+    maintenance = Recording(MaintenancePolicy(optimize_every_s=10, vacuum_every_s=40), clock)
     assert maintenance.run_due(NO_SPARK) == []
-    clock[0] = 111.0
-    assert maintenance.run_due(NO_SPARK) == ["optimize"]
-    clock[0] = 115.0
+    clock[0] = 105.0
+    assert maintenance.run_due(NO_SPARK) == ["optimize a"]
+    clock[0] = 107.0
     assert maintenance.run_due(NO_SPARK) == []
-    clock[0] = 126.0
-    assert maintenance.run_due(NO_SPARK) == ["optimize", "vacuum"]
+    clock[0] = 110.0
+    assert maintenance.run_due(NO_SPARK) == ["optimize b"]
+    clock[0] = 121.0
+    assert maintenance.run_due(NO_SPARK) == ["optimize a", "vacuum a"]
+    assert maintenance.ran == ["optimize a", "optimize b", "optimize a", "vacuum a"]
 
 
 def test_zero_disables() -> None:

@@ -44,6 +44,11 @@ if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
 fi
 command -v mvn >/dev/null 2>&1 || apt_install "Maven" maven
 
+# --- Chromium, for the dashboard's browser tests only (scripts/test.sh asks for it) ----------
+if [ "${1:-}" = "--with-browser" ]; then
+  command -v chromium >/dev/null 2>&1 || apt_install "Chromium" chromium
+fi
+
 # --- the virtualenv ------------------------------------------------------------------------
 # Reinstall only when the pins changed: the stamp holds the hash of what was installed.
 stamp_value=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)

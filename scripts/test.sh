@@ -4,7 +4,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bash scripts/bootstrap.sh
+bash scripts/bootstrap.sh --with-browser
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

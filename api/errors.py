@@ -48,7 +48,15 @@ def install(app: FastAPI) -> None:
         return error_response(error.http_status, error.code.value, error.detail)
 
     @app.exception_handler(LeaderUnavailable)
-    async def _unavailable(_request: Request, error: LeaderUnavailable) -> JSONResponse:
+    async def _unavailable(request: Request, error: LeaderUnavailable) -> JSONResponse:
+        if error.leader is not None:
+            # A follower: the same request on the leader (307 keeps the method and body).
+            target = f"{error.leader}{request.url.path}"
+            if request.url.query:
+                target += f"?{request.url.query}"
+            response = error_response(307, "not_leader", str(error), leader=error.leader)
+            response.headers["Location"] = target
+            return response
         response = error_response(503, "unavailable", str(error))
         response.headers["Retry-After"] = "1"
         return response

@@ -136,13 +136,23 @@ class EventLog:
         self._producer.close(timeout=5)
 
 
+class SnapshotBehindLog(Exception):
+    """The log no longer holds the records right after the snapshot (retention removed them)."""
+
+
 def replay_events(
-    kafka: KafkaSettings, *, client_id: str, timeout_s: float = 120.0
+    kafka: KafkaSettings,
+    *,
+    client_id: str,
+    start: dict[int, int] | None = None,
+    timeout_s: float = 120.0,
 ) -> Iterator[EventBatch]:
-    """Every committed batch of `dispatch.events`, from the beginning to the current end.
+    """Every committed batch of `dispatch.events` from `start` (partition -> offset; absent
+    partitions and `None` mean the beginning) to the current end.
 
     Call after `EventLog` init (which aborted any open transaction of a dead leader), so the
-    end read here is final until this leader writes."""
+    end read here is final until this leader writes. Raises SnapshotBehindLog when a start
+    offset is below what the log still holds."""
     consumer = KafkaConsumer(
         bootstrap_servers=kafka.bootstrap,
         client_id=client_id,
@@ -160,7 +170,18 @@ def replay_events(
         if not partitions:
             raise RuntimeError(f"topic {kafka.events_topic!r} does not exist: run `dispatch up`")
         consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
+        beginning = consumer.beginning_offsets(partitions)
+        for partition in partitions:
+            offset = (start or {}).get(partition.partition)
+            if offset is None:
+                consumer.seek(partition, beginning[partition])
+            elif offset < beginning[partition]:
+                raise SnapshotBehindLog(
+                    f"{partition.topic}[{partition.partition}] starts at "
+                    f"{beginning[partition]}, after the snapshot's offset {offset}"
+                )
+            else:
+                consumer.seek(partition, offset)
         end = consumer.end_offsets(partitions)
         deadline = time.monotonic() + timeout_s
         while any(consumer.position(p) < end[p] for p in partitions):

@@ -9,6 +9,12 @@ outside the leader before it is durable (SPEC 10, "strict assign after commit").
 
 A failed commit means the in-memory state is ahead of the log: the loop stops, every waiting
 request fails with `LeaderUnavailable`, and the node builds a fresh leader from the log.
+
+A term exists only while its node holds the group's lease (`api.election`): the term is given
+the lease's epoch (stamped on every event it writes) and a `serving_until` clock it checks
+before each commit, so a leader whose lease could have expired somewhere decides nothing more.
+The rebuild starts from the newest Delta snapshot of `jobs` (see `streaming.snapshot`) and
+replays only the log after its offsets; without one, it replays the whole log.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.kafka_log import EventLog, SubmitReader, replay_events
+from api.kafka_log import EventLog, SnapshotBehindLog, SubmitReader, replay_events
 from api.metrics import Metrics
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import Rejected
@@ -41,7 +47,22 @@ PRUNE_EVERY_S = 60.0
 
 
 class LeaderUnavailable(Exception):
-    """This leader stopped (fenced, failed commit, shutting down); retry on the new one."""
+    """This leader stopped (fenced, failed commit, shutting down), or this node is not the
+    leader; retry on the new one. `leader` names the leader's base URL when it is known (a
+    follower then answers 307 to it)."""
+
+    def __init__(self, detail: str, *, leader: str | None = None) -> None:
+        super().__init__(detail)
+        self.leader = leader
+
+
+class LeaseExpired(Exception):
+    """The term's lease may have expired somewhere: it must not commit anything more."""
+
+
+EpochFor = Callable[[int], int]
+"""Given the highest epoch in the log, the epoch this term leads with (the lease's, advanced
+past the log's when needed)."""
 
 
 Decide = Callable[[Dispatcher, float], list[Event]]
@@ -70,9 +91,18 @@ class Leader:
     """One leadership term: fence, rebuild, then run the loop until stopped or failed."""
 
     def __init__(
-        self, settings: Settings, node_id: str, listener: CommitListener, metrics: Metrics
+        self,
+        settings: Settings,
+        node_id: str,
+        listener: CommitListener,
+        metrics: Metrics,
+        *,
+        epoch_for: EpochFor,
+        serving_until: Callable[[], float],
     ) -> None:
         self.settings = settings
+        self.epoch_for = epoch_for
+        self.serving_until = serving_until
         self.metrics = metrics
         self.node_id = node_id
         self.group = settings.dispatcher.group
@@ -86,36 +116,79 @@ class Leader:
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.rebuild_s: float | None = None
+        self.rebuilt_from = ""
+        """How the rebuild started: "snapshot v<version>" or "full log" (and why)."""
         self._next_prune = 0.0
         self.replayed_batches = 0
 
     # --- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Fence the previous leader, rebuild from the log, open for traffic (blocking)."""
+        """Fence the previous leader, rebuild, open for traffic (blocking)."""
         started = time.monotonic()
         kafka = self.settings.kafka
         client_id = f"dispatch-{self.node_id}"
         self._log = EventLog(kafka, self.group, client_id=client_id)
-        for batch in replay_events(kafka, client_id=f"{client_id}-replay"):
-            if batch.group == self.group:
-                self.core.apply_all(batch.events)
-                self.replayed_batches += 1
+        self._rebuild(client_id)
         self._reader = SubmitReader(kafka, self.group, client_id=client_id)
         now = time.time()
-        # An epoch above every epoch in the log; the lease will hand these out (issue 6).
-        events = self.core.begin_epoch(self.core.epoch + 1, now, holder=self.node_id)
+        epoch = self.epoch_for(self.core.fence.epoch)
+        events = self.core.begin_epoch(epoch, now, holder=self.node_id)
         events += self.core.resume(now)
         self._commit(events, [], {})
         self.listener.committed(self.core, events)
         self.rebuild_s = time.monotonic() - started
         log.info(
-            "leader %s: epoch %d after replaying %d batches in %.2fs",
-            self.node_id, self.core.epoch, self.replayed_batches, self.rebuild_s,
+            "leader %s: epoch %d, rebuilt from %s + %d batches of the log in %.2fs",
+            self.node_id, self.core.epoch, self.rebuilt_from, self.replayed_batches,
+            self.rebuild_s,
         )  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="dispatch-leader", daemon=True)
         self._thread.start()
         self.ready.set()
+
+    def _rebuild(self, client_id: str) -> None:
+        """Load the newest Delta snapshot and replay the log after it; or the whole log."""
+        from streaming.snapshot import latest_snapshot  # delta-rs only, no JVM
+
+        settings = self.settings
+        config = settings.dispatcher.core_config()
+        start: dict[int, int] | None = None
+        try:
+            snapshot = latest_snapshot(settings.paths.warehouse, self.group)
+        except Exception as error:  # noqa: BLE001  (a broken snapshot must not stop a failover)
+            log.warning("leader %s: no usable snapshot (%r): full replay", self.node_id, error)
+            snapshot = None
+        if snapshot is not None and snapshot.events_topic != settings.kafka.events_topic:
+            log.warning(
+                "leader %s: the snapshot covers topic %r, not %r: full replay",
+                self.node_id, snapshot.events_topic, settings.kafka.events_topic,
+            )  # fmt: skip
+            snapshot = None
+        if snapshot is not None:
+            self.core = Dispatcher.restore(snapshot.jobs, config=config, epoch=snapshot.fence_epoch)
+            start = snapshot.offsets
+            self.rebuilt_from = f"snapshot v{snapshot.version} ({len(snapshot.jobs)} jobs)"
+        else:
+            self.rebuilt_from = "full log (no snapshot yet)"
+        try:
+            self._replay(client_id, start)
+        except SnapshotBehindLog as gap:
+            log.warning(
+                "leader %s: %s; the log was trimmed past the snapshot: full replay",
+                self.node_id, gap,
+            )  # fmt: skip
+            self.core = Dispatcher(config)
+            self.replayed_batches = 0
+            self.rebuilt_from = "full log (the snapshot is behind the log's retention)"
+            self._replay(client_id, None)
+
+    def _replay(self, client_id: str, start: dict[int, int] | None) -> None:
+        kafka = self.settings.kafka
+        for batch in replay_events(kafka, client_id=f"{client_id}-replay", start=start):
+            if batch.group == self.group:
+                self.core.apply_all(batch.events)
+                self.replayed_batches += 1
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping.set()
@@ -226,6 +299,11 @@ class Leader:
         self, events: list[Event], rejections: list[bytes], offsets: dict[Any, int]
     ) -> None:
         assert self._log is not None
+        if time.time() >= self.serving_until():
+            # Another node may already see this lease as expired and take over: nothing
+            # decided now may become durable (Kafka's fencing would refuse it anyway once
+            # the new leader initialised, but it may not have yet).
+            raise LeaseExpired(f"leader {self.node_id}: lease not renewed in time")
         records = encode_batches(self.group, self.core.epoch, events) if events else []
         started = time.perf_counter()
         self._log.commit(records, rejections, offsets)

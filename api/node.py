@@ -1,9 +1,12 @@
-"""One API node: its leadership term (if any), the submit producer, the hub and metrics.
+"""One API node: its part in the election, its leadership term (if any), the submit producer,
+the hub and metrics.
 
-Today every node runs as leader of its group (the lease and followers arrive with the HA
-issue); leadership lives behind `Node.leader()`, the one seam the election will change. When a
-term fails (fenced, broker lost), a supervisor thread starts a new term, which rebuilds from
-the log before it serves.
+Every node takes part in the election of its group (`api.election`). While it holds the lease,
+a supervisor thread runs a leadership term (`api.leader.Leader`), which fences the previous
+leader, rebuilds, and serves; when a term fails (fenced, broker lost) and the lease is still
+held, it starts a new one. A node without the lease is a follower: `Node.leader()` raises
+`LeaderUnavailable` naming the leader, which the routes turn into a 307 to it, except for
+submissions, which any node writes to `dispatch.submit` itself.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from typing import Any
 
 from kafka import KafkaProducer
 
+from api.election import Election
 from api.hub import Hub
+from api.lag_metrics import LagGauges
 from api.leader import Answer, Command, Decide, Leader, LeaderUnavailable
 from api.metrics import Metrics
 from dispatch.core.commands import SubmitRequest
@@ -35,12 +40,15 @@ class Node:
         self.node_id = node_id
         self.address = address
         self.metrics = Metrics()
+        self.lag = LagGauges(settings, self.metrics)
         self._leader: Leader | None = None
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._producer: KafkaProducer | None = None
         self.hub: Hub | None = None
         self.terms = 0
+        self._wake = threading.Event()
+        self.election = Election(settings, node_id, address, on_change=self._wake.set)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -62,22 +70,40 @@ class Node:
             target=self._supervise, name="dispatch-supervisor", daemon=True
         )
         self._supervisor.start()
+        self.election.start()
 
     async def stop(self) -> None:
         self._stopping.set()
+        self._wake.set()
         leader = self._leader
         if leader is not None:
             await asyncio.to_thread(leader.stop)
         if self._supervisor is not None:
             await asyncio.to_thread(self._supervisor.join, 15.0)
+        # After the term stopped: the lease goes back only once nothing more can commit.
+        await asyncio.to_thread(self.election.stop)
         if self._producer is not None:
             await asyncio.to_thread(self._producer.close, 5)
+        await asyncio.to_thread(self.lag.close)
+
+    async def render_metrics(self) -> bytes:
+        """Prometheus text, with the streaming lag refreshed when it is a few seconds old."""
+        await self.lag.refresh()
+        return self.metrics.render()
 
     def _supervise(self) -> None:
         failures = 0
         while not self._stopping.is_set():
+            if not self.election.held.is_set():
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
             assert self.hub is not None
-            leader = Leader(self.settings, self.node_id, self.hub, self.metrics)
+            leader = Leader(
+                self.settings, self.node_id, self.hub, self.metrics,
+                epoch_for=self.election.epoch_for,
+                serving_until=self.election.serving_until,
+            )  # fmt: skip
             try:
                 leader.start()
             except Exception:
@@ -91,8 +117,9 @@ class Node:
             self._leader = leader
             self.metrics.is_leader.set(1)
             self.metrics.epoch.set(leader.core.epoch)
-            while leader.running and not self._stopping.is_set():
-                self._stopping.wait(0.1)
+            while leader.running and self.election.held.is_set() and not self._stopping.is_set():
+                self._wake.wait(0.1)
+                self._wake.clear()
             self.metrics.is_leader.set(0)
             self._leader = None
             leader.stop()
@@ -103,7 +130,10 @@ class Node:
         """The ready leadership term of this node, or LeaderUnavailable."""
         leader = self._leader
         if leader is None or not leader.ready.is_set() or leader.error is not None:
-            raise LeaderUnavailable("no leader is ready on this node yet")
+            elsewhere = self.election.leader_address
+            if elsewhere is not None and elsewhere != self.address:
+                raise LeaderUnavailable(f"{elsewhere} leads; this node follows", leader=elsewhere)
+            raise LeaderUnavailable("no leader is ready yet (an election or a rebuild is on)")
         return leader
 
     @property

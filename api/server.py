@@ -23,7 +23,9 @@ def serve(settings: Settings, port: int, node_id: str | None = None) -> None:
     # kafka-python logs every connection at INFO: only its warnings matter here.
     logging.getLogger("kafka").setLevel(logging.WARNING)
     host = settings.api.host
-    address = f"http://{host}:{port}"
+    # What clients are sent to (307s, the lease row): set api.advertise_url when host:port is
+    # not how others reach this node (0.0.0.0 in a container, a proxy).
+    address = settings.api.advertise_url or f"http://{host}:{port}"
     node = Node(settings, node_id or f"node-{port}", address)
     app = create_app(settings, node, KeyRing.load(settings.auth.keys_file))
     # Job messages are small JSON: compressing each costs more CPU than it saves on loopback

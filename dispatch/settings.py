@@ -115,6 +115,8 @@ class ApiSettings(_Section):
     host: str = "127.0.0.1"
     ports: list[int] = Field(default_factory=lambda: [8000, 8001], min_length=1)
     max_payload_bytes: int = Field(1_048_576, ge=1)
+    advertise_url: str = Field("", pattern=r"^(https?://[^/\s]+)?$")
+    """The base URL clients reach this node at (in the lease, in 307s); empty: http://host:port."""
 
     @field_validator("ports")
     @classmethod
@@ -165,9 +167,9 @@ class DispatcherSettings(_Section):
 
 
 class LeaseSettings(_Section):
-    ttl_s: float = Field(10.0, gt=0)
-    renew_every_s: float = Field(3.0, gt=0)
-    clock_skew_margin_s: float = Field(2.0, ge=0)
+    ttl_s: float = Field(3.0, gt=0)
+    renew_every_s: float = Field(0.5, gt=0)
+    clock_skew_margin_s: float = Field(1.0, ge=0)
 
     @model_validator(mode="after")
     def _renew_before_expiry(self) -> LeaseSettings:

@@ -13,6 +13,7 @@ from api.auth import Principal, Role
 from api.deps import ClientDep, NodeDep
 from api.errors import ApiError
 from api.hub import public_job
+from api.leader import LeaderUnavailable
 from api.node import Node
 from api.schemas import Accepted, AcceptedBatch, JobBatch, JobSubmission, JobView
 from dispatch.core.commands import SubmitRequest
@@ -70,8 +71,13 @@ async def _accept(
     """Known ids answer with the existing job; the rest go to Kafka (202 once acknowledged)."""
     # A membership test on the core's job dict is atomic under the GIL: it keeps the common
     # case (new ids) off the leader loop, and only ids seen there get a consistent read.
-    core = node.leader().core
-    seen = [request.id for request in requests if request.id in core]
+    try:
+        core = node.leader().core
+    except LeaderUnavailable:
+        # A follower, or a failover under way: the submissions still go to Kafka, durable
+        # there; the leader answers a known id by its existing job when it consumes them.
+        core = None
+    seen = [request.id for request in requests if core is not None and request.id in core]
     known = await _known(node, seen) if seen else {}
     fresh = [request for request in requests if request.id not in known]
     await node.produce_submissions(fresh)
@@ -118,7 +124,12 @@ async def read_job(
     while True:
         # Registered before the read, so a job finishing in between still wakes us.
         waiter = node.hub.wait_for_job(job_id) if wait else None
-        job = (await _known(node, [job_id])).get(job_id)
+        try:
+            job = (await _known(node, [job_id])).get(job_id)
+        except LeaderUnavailable:
+            if waiter is not None:
+                node.hub.forget_waiter(job_id, waiter)
+            raise
         remaining = deadline - time.monotonic()
         if (
             waiter is None

@@ -83,13 +83,19 @@ async def stream(socket: WebSocket) -> None:
     except _Protocol as error:
         await _close(socket, POLICY_VIOLATION, "invalid", str(error))
     except LeaderUnavailable as error:
-        await _close(socket, TRY_AGAIN_LATER, "unavailable", str(error))
+        # A follower names the leader: the worker SDK reconnects there.
+        await _close(socket, TRY_AGAIN_LATER, "unavailable", str(error), leader=error.leader)
 
 
-async def _close(socket: WebSocket, code: int, error: str, detail: str) -> None:
+async def _close(
+    socket: WebSocket, code: int, error: str, detail: str, *, leader: str | None = None
+) -> None:
+    message = {"type": "error", "error": error, "detail": detail}
+    if leader is not None:
+        message["leader"] = leader
     with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-        await socket.send_json({"type": "error", "error": error, "detail": detail})
-        await socket.close(code=code, reason=detail[:120])
+        await socket.send_json(message)
+        await socket.close(code=code, reason=(f"leader {leader}" if leader else detail)[:120])
 
 
 async def _serve_worker(

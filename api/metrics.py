@@ -50,6 +50,18 @@ class Metrics:
             registry=registry,
         )
 
+        self.streaming_lag = Gauge(
+            "dispatch_streaming_lag_records",
+            "Records in Kafka not yet folded into the Delta tables, per topic",
+            ["topic"],
+            registry=registry,
+        )
+        self.streaming_batch_age = Gauge(
+            "dispatch_streaming_last_batch_age_seconds",
+            "Seconds since the streaming fold last committed `jobs` (-1: no batch yet)",
+            registry=registry,
+        )
+
     def observe_committed(self, core: Dispatcher, events: Sequence[Event]) -> None:
         """Called on the leader thread after each commit."""
         for event in events:

@@ -1,0 +1,59 @@
+"""The streaming fold's lag on the API's `/metrics`: measured at scrape time, at most every few
+seconds (a Kafka round trip and a delta-rs read each time).
+
+The lag is Kafka's end offsets minus what the last committed batch recorded in `jobs`
+(`streaming.lag`); it tells an operator the Delta tables (and so the notebooks, and the
+snapshot a new leader rebuilds from) are behind the log, and by how much.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from api.metrics import Metrics
+from dispatch.settings import Settings
+
+log = logging.getLogger(__name__)
+
+REFRESH_EVERY_S = 5.0
+
+
+class LagGauges:
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._probe: object | None = None
+        self._measured_at = float("-inf")
+        self._lock = asyncio.Lock()
+
+    async def refresh(self) -> None:
+        """Update the gauges if they are older than REFRESH_EVERY_S (never raises)."""
+        async with self._lock:
+            if time.monotonic() - self._measured_at < REFRESH_EVERY_S:
+                return
+            self._measured_at = time.monotonic()
+            try:
+                await asyncio.to_thread(self._measure)
+            except Exception:
+                # A scrape must still answer: the other metrics matter more than this one.
+                log.warning("measuring the streaming lag failed", exc_info=True)
+
+    def _measure(self) -> None:
+        from streaming.lag import LagProbe, last_batch_age_s  # kafka-python + delta-rs
+
+        if self._probe is None:
+            self._probe = LagProbe(self.settings, client_id="dispatch-api-lag")
+        assert isinstance(self._probe, LagProbe)
+        for topic, records in self._probe.measure().items():
+            self.metrics.streaming_lag.labels(topic).set(records)
+        age = last_batch_age_s(self.settings.paths.warehouse)
+        self.metrics.streaming_batch_age.set(-1.0 if age is None else age)
+
+    def close(self) -> None:
+        from streaming.lag import LagProbe
+
+        if isinstance(self._probe, LagProbe):
+            self._probe.close()
+        self._probe = None

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from api import errors
 from api.auth import KeyRing
 from api.node import Node
-from api.routes import admin, jobs, stream, workers
+from api.routes import admin, jobs, stream, ui, workers
 from dispatch.settings import Settings
 
 
@@ -33,7 +33,7 @@ def create_app(settings: Settings, node: Node, keyring: KeyRing) -> FastAPI:
     app.state.node = node
     app.state.keyring = keyring
     errors.install(app)
-    for router in (jobs.router, workers.router, admin.router, stream.router):
+    for router in (jobs.router, workers.router, admin.router, stream.router, ui.router):
         app.include_router(router)
 
     @app.get("/healthz", tags=["health"])
@@ -45,12 +45,20 @@ def create_app(settings: Settings, node: Node, keyring: KeyRing) -> FastAPI:
     async def readyz() -> JSONResponse:
         """200 only on a leader whose rebuild is complete."""
         ready = node.ready
-        body = {"ready": ready, "node": node.address, "terms": node.terms}
+        lease = node.election.lease
+        body = {
+            "ready": ready,
+            "node": node.address,
+            "role": "leader" if lease is not None else "follower",
+            "leader": node.election.leader_address,
+            "epoch": lease.epoch if lease is not None else None,
+            "terms": node.terms,
+        }
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics", tags=["health"])
     async def metrics() -> Response:
-        return Response(node.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(await node.render_metrics(), media_type="text/plain; version=0.0.4")
 
     # Outermost, so an oversized body is refused before anything reads it.
     app.add_middleware(errors.PayloadLimit, limit=settings.api.max_payload_bytes)

@@ -163,6 +163,31 @@ class Dispatcher(WorkerCommands, SettlementCommands):
         self._dispatch(now, out)
         return out
 
+    # --- dashboard queries -----------------------------------------------------------------
+
+    def latest_dead_letters(self, limit: int) -> list[JobRecord]:
+        """Copies of the `limit` most recently dead-lettered jobs, newest first: the tail of
+        the DLQ without copying all of it (`dead_letters()` copies every dead job)."""
+        out: list[JobRecord] = []
+        for job in reversed(self._dead.values()):
+            if len(out) >= limit:
+                break
+            out.append(job.copy())
+        return out
+
+    def latest_finished(self, limit: int) -> list[JobRecord]:
+        """Copies of the `limit` most recently succeeded or cancelled jobs still held, newest
+        first. Costs O(limit), not O(jobs held): the leader keeps finished jobs for a day."""
+        out: list[JobRecord] = []
+        jobs = self._jobs
+        for job in reversed(self._finished):
+            if len(out) >= limit:
+                break
+            # An entry whose id was pruned (and maybe submitted again) is no longer the job.
+            if jobs.get(job.id) is job:
+                out.append(job.copy())
+        return out
+
     # --- rebuild ---------------------------------------------------------------------------
 
     @classmethod

@@ -197,3 +197,51 @@ def test_prune_forgets_finished_jobs_so_their_ids_can_be_reused() -> None:
     (pruned,) = d.prune(T0 + 1, T0 + 10)
     assert pruned.type == "pruned" and d.job("done") is None and "kept" in d
     assert types(d.submit(request("done"), T0 + 11))[0] == "enqueued"
+
+
+def test_latest_dead_letters_are_the_newest_first_copies_up_to_the_limit() -> None:
+    d = make(max_attempts=1)
+    worker(d, "w", credits=3)
+    submitted = d.submit_many([request("a"), request("b"), request("c")], T0)
+    leases = {assigned.job_id: assigned.lease for assigned in assignments(submitted)}
+    for offset, job_id in enumerate(("b", "a", "c"), start=1):
+        d.fail(job_id, 1, leases[job_id], T0 + offset, error=f"{job_id} broke", retryable=False)
+    assert [job.id for job in d.latest_dead_letters(2)] == ["c", "a"]
+    assert [job.id for job in d.latest_dead_letters(10)] == ["c", "a", "b"]
+    assert d.latest_dead_letters(0) == []
+    copy = d.latest_dead_letters(1)[0]
+    copy.error = "changed"
+    dead = d.job("c")
+    assert dead is not None and dead.error == "c broke", "a copy, not the live record"
+    d.redrive("a", T0 + 10)
+    assert [job.id for job in d.latest_dead_letters(10)] == ["c", "b"]
+
+
+def test_latest_finished_are_succeeded_and_cancelled_jobs_newest_first() -> None:
+    d = make()
+    d.submit(request("gone"), T0)
+    d.cancel("gone", T0)
+    worker(d, "w", credits=2)
+    (first,) = assignments(d.submit(request("first"), T0 + 1))
+    (second,) = assignments(d.submit(request("second"), T0 + 1))
+    d.submit(request("waiting", "other.exec"), T0 + 1)
+    ack(d, second, T0 + 2)
+    ack(d, first, T0 + 3, result="ok")
+    assert [job.id for job in d.latest_finished(10)] == ["first", "second", "gone"]
+    newest = d.latest_finished(1)
+    assert [(job.id, job.result) for job in newest] == [("first", "ok")]
+    newest[0].result = "changed"
+    job = d.job("first")
+    assert job is not None and job.result == "ok", "a copy, not the live record"
+
+
+def test_latest_finished_skips_pruned_jobs_and_shows_a_reused_id_once() -> None:
+    d = make()
+    worker(d, "w", credits=2)
+    (old,) = assignments(d.submit(request("j"), T0))
+    ack(d, old, T0 + 1, result="old")
+    d.prune(T0 + 1, T0 + 2)
+    assert d.latest_finished(10) == []
+    (new,) = assignments(d.submit(request("j"), T0 + 3))
+    ack(d, new, T0 + 4, result="new")
+    assert [(job.id, job.result) for job in d.latest_finished(10)] == [("j", "new")]

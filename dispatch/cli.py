@@ -12,7 +12,7 @@ from rich.table import Table
 from dispatch.cli_jobs import register as register_job_commands
 from dispatch.settings import ConfigError, Settings, load_settings
 from dispatch.stack.jars import JarError
-from dispatch.stack.local import ComponentStatus, LocalStack, StopSignals
+from dispatch.stack.local import ComponentStatus, LocalStack, StackPlan, StopSignals
 from dispatch.stack.process import ProcessError
 
 app = typer.Typer(
@@ -42,9 +42,16 @@ def up(
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Start in the background and return.")
     ] = False,
+    streaming: Annotated[
+        bool, typer.Option(help="Run the Structured Streaming fold into Delta.")
+    ] = True,
+    workers: Annotated[
+        int, typer.Option(min=0, max=64, help="Demo workers (worker.examples) to run.")
+    ] = 0,
 ) -> None:
-    """Start the local stack (Kafka broker in KRaft mode, topics, an API node); Ctrl-C stops it."""
-    stack = LocalStack(_settings())
+    """Start the local stack (Kafka broker in KRaft mode, topics, the streaming fold, a leader
+    and a standby API node, demo workers); Ctrl-C stops it."""
+    stack = LocalStack(_settings(), StackPlan(streaming=streaming, workers=workers))
     with StopSignals() as signals:
         try:
             created = stack.up()
@@ -63,6 +70,19 @@ def up(
         stack.down()
     if reason not in ("SIGINT", "SIGTERM"):
         raise typer.Exit(1)
+
+
+@app.command()
+def demo() -> None:
+    """The tour: a stack of its own, a mix of jobs, a leader killed, the state read from Delta."""
+    from dispatch.demo import run_demo
+
+    settings = _settings()
+    try:
+        code = run_demo(settings)
+    except (ProcessError, JarError) as error:
+        raise _fail(error) from error
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -1,13 +1,16 @@
 """The embedded local stack as one unit: what `dispatch up`, `down` and `status` act on.
 
-The Kafka broker and its topics, then an API node (the leader of the default group). The
-streaming query and a standby node join as their issues land: each is another managed process,
-started in order and stopped in reverse.
+In start order (stopped in reverse): the Kafka broker and its topics, the Structured Streaming
+fold (`dispatch streaming`), one API node per `api.ports` (the first to take the lease leads,
+the others stand by), and optionally demo workers (`worker.examples`). Each is a managed
+process with a pid file under `var/run`; `var/run/stack.json` remembers which optional parts
+`up` started, so `status` and `down` know what to expect.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -56,46 +59,102 @@ class ApiNode:
         # The child gets exactly these settings, whatever its environment or working folder.
         environment = {**os.environ, **to_environment(self.settings)}
         self.process.start([DISPATCH, "serve", "--port", str(self.port)], env=environment)
-        deadline = time.monotonic() + NODE_READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.record() is None:
-                raise ProcessError(
-                    f"the API node on port {self.port} exited during start; see "
-                    f"{self.process.log_file}:\n{self.process.log_tail()}"
-                )
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise ProcessError(
-            f"the API node on port {self.port} was not ready in time; see {self.process.log_file}"
-        )
+
+    def answers(self, path: str = "/healthz") -> bool:
+        with contextlib.suppress(httpx.TransportError):
+            return httpx.get(f"{self.url}{path}", timeout=2).status_code == 200
+        return False
+
+
+@dataclass(frozen=True)
+class StackPlan:
+    """What `up` started besides the broker and the API nodes."""
+
+    streaming: bool = True
+    workers: int = 0
 
 
 class LocalStack:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, plan: StackPlan | None = None) -> None:
         self.settings = settings
         self.broker = Broker(settings)
-        self.nodes = [ApiNode(settings, settings.api.ports[0])]
+        self.nodes = [ApiNode(settings, port) for port in settings.api.ports]
+        self.run_dir = settings.paths.var / "run"
+        self.logs = settings.paths.var / "logs"
+        self.plan_file = self.run_dir / "stack.json"
+        self.plan = plan if plan is not None else self._saved_plan()
+        self.streaming = ManagedProcess("streaming", self.run_dir, self.logs / "streaming.log")
+
+    def _saved_plan(self) -> StackPlan:
+        try:
+            saved = json.loads(self.plan_file.read_text())
+        except FileNotFoundError:
+            return StackPlan()
+        except (ValueError, OSError) as error:
+            raise ProcessError(f"{self.plan_file} is unreadable ({error}); remove it") from error
+        return StackPlan(bool(saved.get("streaming", True)), int(saved.get("workers", 0)))
+
+    def workers(self, count: int | None = None) -> list[ManagedProcess]:
+        wanted = self.plan.workers if count is None else count
+        return [
+            ManagedProcess(f"worker-{n}", self.run_dir, self.logs / f"worker-{n}.log")
+            for n in range(1, wanted + 1)
+        ]
 
     def up(self) -> list[str]:
         """Start every component that is not running; returns the topics it had to create."""
         from api.auth import ensure_dev_keys  # the API package is heavier than the stack's
 
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.plan_file.write_text(json.dumps(self.plan.__dict__))
         if self.broker.running() is None:
             self.broker.start()
         created = create_topics(self.settings.kafka)
-        ensure_dev_keys(self.settings.auth)
+        dev_keys = ensure_dev_keys(self.settings.auth)
+        environment = {**os.environ, **to_environment(self.settings)}
+        if self.plan.streaming and self.streaming.record() is None:
+            self.streaming.start([DISPATCH, "streaming"], env=environment)
         for node in self.nodes:
             if node.process.record() is None:
                 node.start()
+        self._wait_for_leader()
+        urls = ",".join(node.url for node in self.nodes)
+        for worker in self.workers():
+            if worker.record() is None:
+                worker_environment = {
+                    **environment,
+                    "DISPATCH_URL": urls,
+                    "DISPATCH_API_KEY": dev_keys["worker"],
+                }
+                worker.start(
+                    [DISPATCH, "worker", "--app", "worker.examples:app"], env=worker_environment
+                )
         return created
+
+    def _wait_for_leader(self) -> None:
+        """Until one node is the ready leader (a standby answers /readyz 503)."""
+        deadline = time.monotonic() + NODE_READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                if node.process.record() is None:
+                    raise ProcessError(
+                        f"the API node on port {node.port} exited during start; see "
+                        f"{node.process.log_file}:\n{node.process.log_tail()}"
+                    )
+            if any(node.answers("/readyz") for node in self.nodes):
+                return
+            time.sleep(0.2)
+        logs = ", ".join(str(node.process.log_file) for node in self.nodes)
+        raise ProcessError(f"no API node became the ready leader in time; see {logs}")
 
     def down(self) -> list[str]:
         """Stop every running component, last started first; returns the names stopped."""
-        stopped = [
+        stopped = [worker.name for worker in self.workers(_MAX_WORKERS) if worker.stop(20.0)]
+        stopped += [
             node.process.name for node in reversed(self.nodes) if node.process.stop(timeout_s=20.0)
         ]
+        if self.streaming.stop(timeout_s=60.0):
+            stopped.append("streaming")
         if self.broker.stop():
             stopped.append("broker")
         return stopped
@@ -110,14 +169,19 @@ class LocalStack:
                 self.broker.log_file,
             )
         ]
-        for node in self.nodes:
-            node_record = node.process.record()
+        managed: list[tuple[ManagedProcess, str]] = []
+        if self.plan.streaming:
+            managed.append((self.streaming, str(self.settings.paths.warehouse)))
+        managed += [(node.process, node.url) for node in self.nodes]
+        managed += [(worker, "worker.examples:app") for worker in self.workers()]
+        for process, address in managed:
+            process_record = process.record()
             components.append(
                 ComponentStatus(
-                    node.process.name,
-                    node_record.pid if node_record else None,
-                    node.url,
-                    node.process.log_file,
+                    process.name,
+                    process_record.pid if process_record else None,
+                    address,
+                    process.log_file,
                 )
             )
         return components
@@ -129,6 +193,10 @@ class LocalStack:
                 if not component.running:
                     return f"{component.name} stopped unexpectedly; see {component.log_file}"
         return signals.name
+
+
+_MAX_WORKERS = 64
+"""`down` looks for this many worker pid files (`up --workers` allows no more)."""
 
 
 class StopSignals:

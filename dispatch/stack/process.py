@@ -108,7 +108,9 @@ class ManagedProcess:
             return False
         os.kill(record.pid, signal.SIGTERM)
         if not self._wait_gone(record, timeout_s):
-            os.kill(record.pid, signal.SIGKILL)
+            # The whole process group (its own session, see start): a Spark driver's JVM
+            # child must not outlive it.
+            os.killpg(record.pid, signal.SIGKILL)
             if not self._wait_gone(record, 10.0):
                 raise ProcessError(f"{self.name} (pid {record.pid}) survived SIGKILL")
         self.pid_file.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
+from dispatch.client import Client
 from dispatch.stack.ports import free_port
 from dispatch.stack.process import is_running
 
@@ -28,12 +29,13 @@ class Cli:
         self.var = var
         self.bootstrap = f"127.0.0.1:{free_port()}"
         self.api_port = free_port()
+        self.standby_port = free_port()
         self.env = {
             **os.environ,
             "DISPATCH_PATHS__VAR": str(var),
             "DISPATCH_KAFKA__BOOTSTRAP": self.bootstrap,
             "DISPATCH_KAFKA__CONTROLLER_PORT": str(free_port()),
-            "DISPATCH_API__PORTS": json.dumps([self.api_port]),
+            "DISPATCH_API__PORTS": json.dumps([self.api_port, self.standby_port]),
             "COLUMNS": "200",
         }
 
@@ -51,7 +53,10 @@ class Cli:
         return self._pid(self.var / "kafka" / "broker.pid")
 
     def api_pid(self) -> int | None:
-        return self._pid(self.var / "run" / f"api-{self.api_port}.pid")
+        return self.pid_of(f"api-{self.api_port}")
+
+    def pid_of(self, component: str) -> int | None:
+        return self._pid(self.var / "run" / f"{component}.pid")
 
     @staticmethod
     def _pid(pid_file: Path) -> int | None:
@@ -81,43 +86,78 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
         cli.run("down")
 
 
-def test_up_detach_status_down_leaves_no_process_behind(cli: Cli) -> None:
-    started = cli.run("up", "--detach")
+def test_up_detach_runs_everything_and_down_leaves_no_process_behind(cli: Cli) -> None:
+    started = cli.run("up", "--detach", "--workers", "1")
     assert started.returncode == 0, started.stderr
     assert "running" in started.stdout
     assert "dispatch.submit" in started.stdout
-    pid, api_pid = cli.broker_pid(), cli.api_pid()
-    assert pid is not None and is_running(pid)
-    assert api_pid is not None and is_running(api_pid)
-    ready = httpx.get(f"http://127.0.0.1:{cli.api_port}/readyz", timeout=5)
-    assert ready.status_code == 200
+    names = ["broker", "streaming", f"api-{cli.api_port}", f"api-{cli.standby_port}", "worker-1"]
+    pids = {name: cli.broker_pid() if name == "broker" else cli.pid_of(name) for name in names}
+    for name, pid in pids.items():
+        assert pid is not None and is_running(pid), f"{name} is not running"
+    leader = httpx.get(f"http://127.0.0.1:{cli.api_port}/readyz", timeout=5)
+    standby = httpx.get(f"http://127.0.0.1:{cli.standby_port}/readyz", timeout=5)
+    assert sorted([leader.json()["role"], standby.json()["role"]]) == ["follower", "leader"]
 
     status = cli.run("status")
     assert status.returncode == 0
-    assert str(pid) in status.stdout and str(api_pid) in status.stdout
+    assert all(str(pid) in status.stdout for pid in pids.values())
+
+    # The whole path: the demo worker runs a job, the streaming fold puts it in Delta.
+    keys = json.loads((cli.var / "dev-keys.json").read_text())
+    urls = [f"http://127.0.0.1:{port}" for port in (cli.standby_port, cli.api_port)]
+    with Client(urls, keys["client"]) as client:  # a follower first: it must not matter
+        client.submit("demo.echo", 7, id="up-1")
+        done = client.wait("up-1", timeout_s=60)
+        assert done.status == "succeeded" and done.result == 7
+    assert _delta_status(cli.var / "delta", "up-1", timeout_s=150) == "succeeded"
 
     stopped = cli.run("down")
     assert stopped.returncode == 0
-    assert f"stopped: api-{cli.api_port}, broker" in stopped.stdout
-    assert not is_running(pid) and not is_running(api_pid)
+    assert "worker-1" in stopped.stdout and "streaming" in stopped.stdout
+    assert stopped.stdout.rstrip().endswith("broker")
+    for name, pid in pids.items():
+        assert pid is not None and not is_running(pid), f"{name} survived down"
     assert _processes_using(cli.var) == []
     assert cli.run("status").returncode == 3
 
 
+def _delta_status(warehouse: Path, job_id: str, timeout_s: float) -> str | None:
+    """The job's status in Delta `jobs` once the streaming fold wrote it (delta-rs)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            rows = (
+                DeltaTable(str(warehouse / "jobs"))
+                .to_pyarrow_table(columns=["id", "status"])
+                .to_pylist()
+            )
+        except TableNotFoundError:
+            rows = []
+        for row in rows:
+            if row["id"] == job_id and row["status"] == "succeeded":
+                return str(row["status"])
+        time.sleep(1.0)
+    return None
+
+
 def test_a_restart_keeps_the_log_and_the_cluster(cli: Cli) -> None:
-    assert cli.run("up", "--detach").returncode == 0
+    assert cli.run("up", "--detach", "--no-streaming").returncode == 0
     meta = (cli.var / "kafka" / "data" / "meta.properties").read_text()
     producer = KafkaProducer(bootstrap_servers=cli.bootstrap)
     producer.send("dispatch.submit", key=b"job-1", value=b'{"id": "job-1"}').get(timeout=30)
     producer.close()
 
     # Starting again while it runs changes nothing.
-    again = cli.run("up", "--detach")
+    again = cli.run("up", "--detach", "--no-streaming")
     assert again.returncode == 0, again.stderr
     assert "created topics" not in again.stdout
 
     assert cli.run("down").returncode == 0
-    assert cli.run("up", "--detach").returncode == 0
+    assert cli.run("up", "--detach", "--no-streaming").returncode == 0
     assert (cli.var / "kafka" / "data" / "meta.properties").read_text() == meta
     consumer = KafkaConsumer(
         "dispatch.submit",
@@ -132,7 +172,7 @@ def test_a_restart_keeps_the_log_and_the_cluster(cli: Cli) -> None:
 
 
 def test_a_broker_killed_hard_is_seen_as_stopped_and_starts_again(cli: Cli) -> None:
-    assert cli.run("up", "--detach").returncode == 0
+    assert cli.run("up", "--detach", "--no-streaming").returncode == 0
     pid = cli.broker_pid()
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
@@ -144,7 +184,7 @@ def test_a_broker_killed_hard_is_seen_as_stopped_and_starts_again(cli: Cli) -> N
     assert status.returncode == 3
     assert "stopped" in status.stdout
 
-    restarted = cli.run("up", "--detach")
+    restarted = cli.run("up", "--detach", "--no-streaming")
     assert restarted.returncode == 0, restarted.stderr
     new_pid = cli.broker_pid()
     assert new_pid is not None and new_pid != pid and is_running(new_pid)
@@ -152,7 +192,11 @@ def test_a_broker_killed_hard_is_seen_as_stopped_and_starts_again(cli: Cli) -> N
 
 def test_ctrl_c_stops_a_foreground_up_and_everything_it_started(cli: Cli) -> None:
     with subprocess.Popen(
-        [DISPATCH, "up"], env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [DISPATCH, "up", "--no-streaming"],
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     ) as foreground:
         try:
             assert foreground.stdout is not None

@@ -7,21 +7,25 @@ its successor's election and comes back as a follower; a broker restart loses no
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import pytest
 
 from api.auth import ensure_dev_keys
 from api.kafka_log import replay_events
+from dispatch.client import Client
 from dispatch.core.events import Completed, Event, LeaderElected
 from dispatch.settings import Settings
 from dispatch.stack.broker import Broker
 from dispatch.stack.ports import free_port
 from tests.integration.api.processes import ServiceProcess, Workers
+from worker import Assignment, WorkerApp
 
 pytestmark = pytest.mark.integration
 
@@ -229,3 +233,49 @@ def test_a_broker_restart_under_load_loses_nothing(pair: Pair, kafka_broker: Bro
     done = completions(pair.logged())
     assert set(done) == set(accepted)
     assert max(done.values()) == 1
+
+
+@pytest.mark.parametrize("transport", ["ws", "rest"])
+def test_the_sdks_ride_out_a_failover(pair: Pair, transport: Literal["ws", "rest"]) -> None:
+    """The client and the worker SDK are given both nodes; the leader dies under them."""
+    pair.first.start()
+    pair.second.start(wait_ready=False)
+    app = WorkerApp("ha", concurrency=4)
+
+    @app.handler("ha.*")
+    def echo(job: Assignment) -> object:
+        return job.payload
+
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            app.run(
+                handle_signals=False, urls=pair.urls, api_key=pair.keys["worker"],
+                worker_id=f"ha-{transport}", keepalive_s=1.0, grace_s=2.0, transport=transport,
+            )  # fmt: skip
+        except BaseException as error:  # noqa: BLE001  (re-raised in the test's thread)
+            failure.append(error)
+
+    thread = threading.Thread(target=serve, name="ha-worker")
+    thread.start()
+    try:
+        # The follower first in the client's list: it must not matter.
+        with Client([pair.second.url, pair.first.url], pair.keys["admin"]) as client:
+            before = [f"sdk-before-{n}" for n in range(20)]
+            client.submit_many(
+                {"id": job_id, "exec": "ha.echo", "payload": job_id} for job_id in before
+            )
+            assert all(client.wait(job_id, 30).result == job_id for job_id in before)
+            pair.first.kill()
+            after = [f"sdk-after-{n}" for n in range(20)]
+            client.submit_many(
+                {"id": job_id, "exec": "ha.echo", "payload": job_id} for job_id in after
+            )
+            assert all(client.wait(job_id, 60).result == job_id for job_id in after)
+            assert client.leader().epoch is not None
+    finally:
+        app.stop()
+        thread.join(60)
+    assert not thread.is_alive(), "the worker did not stop"
+    assert failure == []

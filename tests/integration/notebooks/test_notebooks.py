@@ -1,0 +1,359 @@
+"""Every notebook of `notebooks/`, executed headless as a user runs it (`notebooks/run.py`
+in a process of its own: nbclient, a kernel on this venv's Python, the notebook's own Spark
+JVM), against tables made by a real run (see conftest.py), and checked on what its outputs
+show. A notebook whose cell fails makes the runner exit non-zero, which fails its test.
+
+The tests run in file order: the redrive, which changes the leader's state, comes last.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+from nbformat import NotebookNode
+
+from dispatch.core.events import Redriven
+from dispatch.event_records import decode_batch
+from notebooks.run import PARAMETERS_TAG, inject_parameters, parameter_names, read_notebook
+from tests.integration.notebooks.conftest import EXPECTED_STATUS, Produced
+
+# Each notebook starts a kernel and a Spark JVM of its own: minutes on a busy 2-core machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+NOTEBOOKS = Path(__file__).resolve().parents[3] / "notebooks"
+NAMES = ("queue_health", "job_forensics", "dlq_redrive", "throughput")
+NOTEBOOK_TIMEOUT_S = 600.0
+
+
+# --- reading an executed notebook --------------------------------------------------------------
+
+
+def cell(notebook: NotebookNode, tag: str) -> NotebookNode:
+    found: list[NotebookNode] = [
+        c for c in notebook.cells if tag in c.get("metadata", {}).get("tags", [])
+    ]
+    assert len(found) == 1, f"{len(found)} cells tagged {tag!r}"
+    return found[0]
+
+
+def text(notebook: NotebookNode, tag: str) -> str:
+    """What the tagged cell printed and showed as text (stdout, and each result's text/plain)."""
+    parts: list[str] = []
+    for output in cell(notebook, tag).get("outputs", []):
+        if output["output_type"] == "stream" and output["name"] == "stdout":
+            parts.append(output["text"])
+        elif output["output_type"] in ("execute_result", "display_data"):
+            parts.append(output["data"].get("text/plain", ""))
+    return "\n".join(parts)
+
+
+def tables(notebook: NotebookNode, tag: str) -> list[list[dict[str, str]]]:
+    """The tables a cell showed, as Spark prints them (`show()`, or a DataFrame displayed with
+    eager evaluation): rows as {column: text}, NULL as "NULL"."""
+    found: list[list[dict[str, str]]] = []
+    header: list[str] | None = None
+    for line in text(notebook, tag).splitlines():
+        if line.startswith("|"):
+            values = [value.strip() for value in line.strip().strip("|").split("|")]
+            if header is None:
+                header = values
+                found.append([])
+            else:
+                found[-1].append(dict(zip(header, values, strict=True)))
+        elif not line.startswith("+"):
+            header = None
+    return found
+
+
+def table(notebook: NotebookNode, tag: str) -> list[dict[str, str]]:
+    [only] = tables(notebook, tag)
+    return only
+
+
+def column(rows: list[dict[str, str]], key: str, value: str) -> dict[str, str]:
+    return {row[key]: row[value] for row in rows}
+
+
+def pngs(notebook: NotebookNode, tag: str) -> int:
+    return sum(
+        "image/png" in output.get("data", {}) for output in cell(notebook, tag).get("outputs", [])
+    )
+
+
+def run_notebook(produced: Produced, folder: Path, name: str, **parameters: Any) -> NotebookNode:
+    """Run a notebook as a user does, `notebooks/run.py NAME.ipynb -p ...` in a process of its
+    own (which starts the kernel, which starts the notebook's Spark JVM), and return the
+    executed copy. One at a time: a notebook's time is mostly its JVM's start and first
+    queries, CPU-bound work two cores do no faster side by side."""
+    # The kernel loads the settings from conf/ and the environment like any user's: its
+    # Spark scratch folders go under the test's own var, jars come from the same cache.
+    # The notebook's JVM lives a minute: C2 compilation would cost more CPU than it saves
+    # (C1 only makes its start and first queries ~40 % faster here).
+    java_options = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} -XX:TieredStopAtLevel=1"
+    env = {
+        **os.environ,
+        "DISPATCH_PATHS__VAR": str(folder / "var"),
+        "DISPATCH_PATHS__CACHE": str(produced.settings.paths.cache),
+        "JAVA_TOOL_OPTIONS": java_options.strip(),
+    }
+    output, log = folder / f"{name}.ipynb", folder / f"{name}.log"
+    command = [sys.executable, str(NOTEBOOKS / "run.py"), str(NOTEBOOKS / f"{name}.ipynb")]
+    command += ["-o", str(output)]
+    for key, value in {"warehouse": produced.warehouse, **parameters}.items():
+        command += ["-p", key, json.dumps(value)]
+    with log.open("wb") as sink:
+        runner = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        code = runner.wait(NOTEBOOK_TIMEOUT_S)
+    finally:
+        # Timed out, or the test was interrupted: the kernel exits within a second of its
+        # parent (ipykernel's parent poller), and the JVM with the kernel (its stdin closes).
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait(30)
+    assert code == 0, f"{name} failed:\n{log.read_text()[-6000:]}"
+    notebook = read_notebook(output)
+    # The last cell stops Spark, so the JVM ends with the kernel: nothing had to be killed.
+    killed = notebook.metadata["dispatch_run"]["killed"]
+    assert killed == [], f"{name}: the kernel left processes behind: {killed}"
+    return notebook
+
+
+def utc(moment: dt.datetime) -> str:
+    """A time as the notebooks take them: UTC, no zone suffix."""
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+# --- the notebooks as files ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_notebook_is_saved_clean_with_one_parameters_cell(name: str) -> None:
+    notebook = read_notebook(NOTEBOOKS / f"{name}.ipynb")
+    nbformat.validate(notebook)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    # No outputs, no execution counts: diffs show changes of the code only.
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    tagged = [c for c in code if PARAMETERS_TAG in c.get("metadata", {}).get("tags", [])]
+    assert tagged == [code[0]], "the first code cell, and only it, holds the parameters"
+    assert "warehouse" in parameter_names(notebook)
+    assert code[-1].source.strip() == "spark.stop()"
+
+
+def test_parameters_go_in_a_cell_after_the_parameters_cell_and_typos_are_refused() -> None:
+    notebook = read_notebook(NOTEBOOKS / "job_forensics.ipynb")
+    injected = inject_parameters(notebook, {"job_id": "j'1", "as_of_version": 3})
+    index = next(
+        i for i, c in enumerate(injected.cells) if PARAMETERS_TAG in c.metadata.get("tags", [])
+    )
+    added = injected.cells[index + 1]
+    assert added.metadata["tags"] == ["injected-parameters"]
+    assert added.source.splitlines()[1:] == ['job_id = "j\'1"', "as_of_version = 3"]
+    # Injected again: the earlier injected cell is replaced, not kept.
+    again = inject_parameters(injected, {"job_id": "other"})
+    assert len(again.cells) == len(notebook.cells) + 1
+    with pytest.raises(ValueError, match="unknown parameter"):
+        inject_parameters(notebook, {"jobid": "j1"})
+
+
+# --- executed against the run's tables ---------------------------------------------------------
+
+
+def test_queue_health_shows_depth_in_flight_oldest_and_the_dlq(
+    produced: Produced, tmp_path: Path
+) -> None:
+    notebook = run_notebook(produced, tmp_path, "queue_health")
+
+    statuses = column(table(notebook, "statuses"), "status", "jobs")
+    assert statuses == {
+        status: str(count) for status, count in Counter(EXPECTED_STATUS.values()).items()
+    }
+    by_exec = table(notebook, "depth-by-exec")
+    assert [(row["exec"], row["queued"]) for row in by_exec] == [
+        ("video.encode", "3"),
+        ("report.build", "1"),
+    ]
+    assert column(table(notebook, "depth-by-client"), "client_id", "queued") == {
+        "acme": "3",
+        "globex": "1",
+    }
+    in_flight = table(notebook, "in-flight")
+    assert [(row["worker_id"], row["running"], row["execs"]) for row in in_flight] == [
+        ("w1", "2", "img.resize"),
+        ("w2", "1", "report.build"),
+    ]
+    assert "Oldest queued job: q-1 (video.encode, client acme)" in text(notebook, "oldest-queued")
+    assert [row["id"] for row in table(notebook, "oldest-queued")] == ["q-1", "q-2", "q-3", "q-4"]
+
+    dead = sorted(job_id for job_id, status in EXPECTED_STATUS.items() if status == "dead")
+    assert f"DLQ size: {len(dead)} dead job(s)" in text(notebook, "dlq-size")
+    with produced.node.client("admin") as admin:
+        live = admin.get("/v1/dlq").json()["jobs"]
+    assert sorted(job["id"] for job in live) == dead
+    breakdown = {
+        (row["exec"], row["dead_reason"]): row["dead"] for row in table(notebook, "dlq-size")
+    }
+    assert breakdown == {
+        ("img.resize", "permanent_failure"): "4",
+        ("mail.send", "permanent_failure"): "1",
+        ("report.build", "ack_timeout"): "1",
+        ("report.build", "retries_exhausted"): "1",
+    }
+
+
+def test_job_forensics_shows_the_history_and_the_state_as_of_a_past_version(
+    produced: Produced, tmp_path: Path
+) -> None:
+    version = produced.version_after_a
+    notebook = run_notebook(
+        produced, tmp_path, "job_forensics", job_id="retry-1", as_of_version=version
+    )
+
+    [now] = table(notebook, "job-now")
+    assert (now["status"], now["attempts"], now["exec"]) == ("succeeded", "2", "mail.send")
+    [arrival] = table(notebook, "arrival")
+    assert arrival["kind"] == "submit" and '"id":"retry-1"' in arrival["body"]
+    history = table(notebook, "history")
+    assert [(row["type"], row["attempt"], row["reason"]) for row in history] == [
+        ("enqueued", "NULL", "NULL"),
+        ("assigned", "1", "NULL"),
+        ("requeued", "1", "failed"),
+        ("assigned", "2", "NULL"),
+        ("completed", "2", "NULL"),
+    ]
+    offsets = [(int(row["offset"]), int(row["idx"])) for row in history]
+    assert offsets == sorted(offsets), "the history is in log order"
+
+    as_of = text(notebook, "as-of")
+    assert f"then = jobs version {version} (MERGE, streaming batch 0)" in as_of
+    assert "reads the same rows as versionAsOf: True" in as_of
+    then_now = {
+        row["status"]: (row["jobs_then"], row["jobs_now"])
+        for row in table(notebook, "status-then-now")
+    }
+    assert then_now == {
+        "cancelled": ("1", "1"),
+        "dead": ("4", "7"),
+        "queued": ("3", "4"),
+        "running": ("0", "3"),
+        "succeeded": ("6", "7"),
+    }
+    changed = {
+        row["id"]: (row["status_then"], row["status_now"]) for row in table(notebook, "changed")
+    }
+    assert changed.pop("retry-1") == ("queued", "succeeded")
+    assert changed == {
+        job_id: ("(not yet)", EXPECTED_STATUS[job_id])
+        for job_id in ("flaky-1", "oom-3", "q-3", "q-4", "run-1", "run-2", "run-3", "slow-1")
+    }
+    assert [
+        (row["as_of"], row["status"], row["attempts"]) for row in table(notebook, "job-then-now")
+    ] == [(f"then (v{version})", "queued", "1"), ("now", "succeeded", "2")]
+    since = [row["type"] for row in table(notebook, "since-then")]
+    assert since == ["assigned", "completed"]
+
+
+def test_throughput_shows_totals_percentiles_and_plots(produced: Produced, tmp_path: Path) -> None:
+    notebook = run_notebook(produced, tmp_path, "throughput")
+
+    totals = {row["exec"]: row for row in table(notebook, "totals-by-exec")}
+    counters = ("submitted", "started", "retries", "completed", "dead", "cancelled")
+    assert {name: tuple(row[c] for c in counters) for name, row in totals.items()} == {
+        "img.resize": ("10", "10", "0", "4", "4", "0"),
+        "mail.send": ("5", "5", "1", "3", "1", "1"),
+        "report.build": ("4", "4", "1", "0", "2", "0"),
+        "video.encode": ("3", "0", "0", "0", "0", "0"),
+    }
+    assert column(table(notebook, "totals-by-client"), "client_id", "submitted") == {
+        "acme": "16",
+        "globex": "6",
+    }
+    # One queue wait per attempt started.
+    waits = table(notebook, "wait-by-exec")
+    assert column(waits, "exec", "n") == {"img.resize": "10", "mail.send": "5", "report.build": "4"}
+    assert all(float(row["p50"]) <= float(row["p95"]) <= float(row["p99"]) for row in waits)
+    for tag in ("throughput-plot", "wait-plot", "wait-over-time"):
+        assert pngs(notebook, tag) == 1, f"{tag} drew no plot"
+
+
+def test_dlq_redrive_redrives_exactly_the_selection_through_the_api(
+    produced: Produced, tmp_path: Path
+) -> None:
+    # img.resize jobs dead of OutOfMemoryError in phase A: oom-1 and oom-2. Not oom-3 (died
+    # after the window), bad-1 (another error), mail-oom-1 (another exec), nor the others.
+    notebook = run_notebook(
+        produced,
+        tmp_path,
+        "dlq_redrive",
+        api_url=produced.node.url,
+        api_key=produced.node.keys["admin"],
+        condition="exec = 'img.resize' AND error_class = 'OutOfMemoryError'",
+        died_after=utc(produced.phase_a_started),
+        died_before=utc(produced.phase_a_ended),
+        dry_run=False,
+    )
+    selected = ["oom-1", "oom-2"]
+
+    assert "DLQ size: 7 dead job(s)" in text(notebook, "dlq-size")
+    causes = {
+        (row["exec"], row["error_class"], row["dead_reason"]): row["dead"]
+        for row in table(notebook, "by-cause")
+    }
+    assert causes[("img.resize", "OutOfMemoryError", "permanent_failure")] == "3"
+    assert [row["id"] for row in table(notebook, "selection")] == selected
+    assert "2 of 2 selected job(s) are dead on the leader now" in text(notebook, "live-check")
+    assert [
+        (row["id"], row["outcome"], row["status_now"], row["attempts_now"])
+        for row in table(notebook, "redrive")
+    ] == [(job_id, "redriven", "queued", "0") for job_id in selected]
+
+    # The leader agrees: the selection is queued again with fresh attempts (no worker has
+    # credit, so it stays queued), and every other job is as the run left it.
+    with produced.node.client("admin") as admin:
+        jobs = {job_id: admin.get(f"/v1/jobs/{job_id}").json() for job_id in EXPECTED_STATUS}
+        live_dlq = {job["id"] for job in admin.get("/v1/dlq").json()["jobs"]}
+    assert {job_id: (jobs[job_id]["status"], jobs[job_id]["attempts"]) for job_id in selected} == {
+        job_id: ("queued", 0) for job_id in selected
+    }
+    assert {job_id: job["status"] for job_id, job in jobs.items() if job_id not in selected} == {
+        job_id: status for job_id, status in EXPECTED_STATUS.items() if job_id not in selected
+    }
+    assert live_dlq == {"oom-3", "bad-1", "mail-oom-1", "slow-1", "flaky-1"}
+
+    # ...and logged it: a `redriven` event per job in dispatch.events, as any decision.
+    assert sorted(redriven_in_log(produced)) == selected
+
+
+def redriven_in_log(produced: Produced) -> list[str]:
+    """The job ids of every `redriven` event committed to the events topic."""
+    topic = produced.settings.kafka.events_topic
+    consumer = KafkaConsumer(
+        bootstrap_servers=produced.settings.kafka.bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        end = consumer.end_offsets(partitions)
+        found: list[str] = []
+        while any(consumer.position(p) < end[p] for p in partitions):
+            for records in consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    events = decode_batch(record.value).events
+                    found += [e.job_id for e in events if isinstance(e, Redriven)]
+        return found
+    finally:
+        consumer.close()

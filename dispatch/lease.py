@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
@@ -144,7 +145,11 @@ def _literal(value: object) -> str:
 
 
 class LeaseTable:
-    """The `leases` table under `warehouse`; safe to share between threads (no cached state)."""
+    """The `leases` table under `warehouse`; safe to share between threads (one lock).
+
+    One `DeltaTable` is kept and brought up to date incrementally before each read: loading
+    the table afresh costs ~15 ms of CPU (the log since the last checkpoint), an incremental
+    update ~1 ms, and a leader and its standbys read or renew twice a second, forever."""
 
     def __init__(self, warehouse: Path, settings: LeaseSettings) -> None:
         # Not streaming.tables: that module describes the tables Spark writes; this one is
@@ -152,13 +157,16 @@ class LeaseTable:
         self.path = warehouse / LEASES
         self.settings = settings
         self._uri = str(self.path)
+        self._lock = threading.RLock()
+        self._table: DeltaTable | None = None
         self._create()
 
     # --- reading -------------------------------------------------------------------------
 
     def read(self, group: str) -> Lease | None:
         """The group's current row, from the latest version (expired or not), or None."""
-        return self._row(DeltaTable(self._uri), group)
+        with self._lock:
+            return self._row(self._latest(), group)
 
     # --- the holder's commits --------------------------------------------------------------
 
@@ -167,9 +175,15 @@ class LeaseTable:
         term, epoch + 1), or when `holder` holds it live (a renewal, same epoch). None when
         another holder's lease is live or another writer won the race."""
         expires_at = now + self.settings.ttl_s
+        with self._lock:
+            return self._acquire(group, holder, address, now, expires_at)
+
+    def _acquire(
+        self, group: str, holder: str, address: str, now: float, expires_at: float
+    ) -> Lease | None:
         for attempt in range(_ATTEMPTS):
             _back_off(attempt)
-            table = DeltaTable(self._uri)
+            table = self._latest()
             current = self._row(table, group)
             if current is None:
                 lease = Lease(group, holder, address, 1, expires_at, now)
@@ -220,7 +234,8 @@ class LeaseTable:
         Runs by itself every CHECKPOINT_EVERY versions; `vacuum_retention_hours` overrides
         RETENTION (0 removes every unreferenced file: for tests and operators, not for a live
         cluster whose readers may still be opening the previous version's file)."""
-        self._maintain(DeltaTable(self._uri), vacuum_retention_hours)
+        with self._lock:
+            self._maintain(self._latest(), vacuum_retention_hours)
 
     # --- internals -------------------------------------------------------------------------
 
@@ -241,6 +256,19 @@ class LeaseTable:
             if not DeltaTable.is_deltatable(self._uri):
                 raise
 
+    def _latest(self) -> DeltaTable:
+        """The kept table at its latest version (a fresh load if updating it failed)."""
+        table = self._table
+        if table is not None:
+            try:
+                table.update_incremental()
+            except (DeltaError, OSError):
+                log.warning("lease table %s: reloading", self._uri, exc_info=True)
+                table = None
+        if table is None:
+            table = self._table = DeltaTable(self._uri)
+        return table
+
     def _row(self, table: DeltaTable, group: str) -> Lease | None:
         # Through DataFusion (QueryBuilder): `to_pyarrow_table` goes through delta-rs' pyarrow
         # filesystem wrapper, after which the interpreter aborts at exit ("terminate called
@@ -256,9 +284,13 @@ class LeaseTable:
 
     def _change(self, lease: Lease, change: Callable[[Lease], Lease]) -> Lease | None:
         """Replace the row by `change(row)` if it still has the lease's holder and epoch."""
+        with self._lock:
+            return self._change_locked(lease, change)
+
+    def _change_locked(self, lease: Lease, change: Callable[[Lease], Lease]) -> Lease | None:
         for attempt in range(_ATTEMPTS):
             _back_off(attempt)
-            table = DeltaTable(self._uri)
+            table = self._latest()
             current = self._row(table, lease.group)
             if current is None or (current.holder, current.epoch) != (lease.holder, lease.epoch):
                 return None

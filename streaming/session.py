@@ -43,7 +43,13 @@ def spark_session(settings: Settings, app_name: str = "dispatch") -> SparkSessio
         .config("spark.default.parallelism", str(settings.spark.shuffle_partitions))
         .config("spark.databricks.delta.snapshotPartitions", str(settings.spark.shuffle_partitions))
         .config("spark.sql.warehouse.dir", str(var / "spark-warehouse"))
-        .config("spark.driver.extraJavaOptions", f"{utc} -Dderby.system.home={var / 'derby'}")
+        # -Xss: a batch's rows reach Spark as a local relation inside the plan, and a large
+        # batch's plan string overflowed the default 1 MB thread stack in a regex (seen at
+        # 40k records per batch in bench/streaming_bench.py).
+        .config(
+            "spark.driver.extraJavaOptions",
+            f"{utc} -Xss16m -Dderby.system.home={var / 'derby'}",
+        )
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
     )
     return builder.getOrCreate()

@@ -145,14 +145,15 @@ def replay_events(
     *,
     client_id: str,
     start: dict[int, int] | None = None,
-    timeout_s: float = 120.0,
+    stall_timeout_s: float = 120.0,
 ) -> Iterator[EventBatch]:
     """Every committed batch of `dispatch.events` from `start` (partition -> offset; absent
     partitions and `None` mean the beginning) to the current end.
 
     Call after `EventLog` init (which aborted any open transaction of a dead leader), so the
     end read here is final until this leader writes. Raises SnapshotBehindLog when a start
-    offset is below what the log still holds."""
+    offset is below what the log still holds, and TimeoutError when nothing arrives for
+    `stall_timeout_s` (a long log may take minutes: only a stalled read is an error)."""
     consumer = KafkaConsumer(
         bootstrap_servers=kafka.bootstrap,
         client_id=client_id,
@@ -183,11 +184,14 @@ def replay_events(
             else:
                 consumer.seek(partition, offset)
         end = consumer.end_offsets(partitions)
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + stall_timeout_s
         while any(consumer.position(p) < end[p] for p in partitions):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"replaying {kafka.events_topic} took over {timeout_s:.0f}s")
+                raise TimeoutError(
+                    f"replaying {kafka.events_topic}: nothing read for {stall_timeout_s:.0f}s"
+                )
             for batch in consumer.poll(timeout_ms=500).values():
+                deadline = time.monotonic() + stall_timeout_s
                 for record in batch:
                     if record.value is not None:
                         yield decode_batch(record.value)

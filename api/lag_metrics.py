@@ -11,9 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from api.metrics import Metrics
 from dispatch.settings import Settings
+
+if TYPE_CHECKING:
+    from streaming.lag import LagProbe
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +28,7 @@ class LagGauges:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._probe: object | None = None
+        self._probe: LagProbe | None = None
         self._measured_at = float("-inf")
         self._lock = asyncio.Lock()
 
@@ -45,15 +49,12 @@ class LagGauges:
 
         if self._probe is None:
             self._probe = LagProbe(self.settings, client_id="dispatch-api-lag")
-        assert isinstance(self._probe, LagProbe)
         for topic, records in self._probe.measure().items():
             self.metrics.streaming_lag.labels(topic).set(records)
         age = last_batch_age_s(self.settings.paths.warehouse)
         self.metrics.streaming_batch_age.set(-1.0 if age is None else age)
 
     def close(self) -> None:
-        from streaming.lag import LagProbe
-
-        if isinstance(self._probe, LagProbe):
+        if self._probe is not None:
             self._probe.close()
         self._probe = None

@@ -43,6 +43,7 @@ from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import Assigned, Event, JobEvent
 from dispatch.event_records import decode_batch, encode_batch
 from dispatch.settings import Settings, load_settings
+from dispatch.settings import with_namespace as namespace_settings
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.stack.ports import free_port
 from dispatch.submit_records import submit_record_value
@@ -184,19 +185,10 @@ def stack(scratch: Path) -> Iterator[Settings]:
 
 
 def with_namespace(settings: Settings, name: str, scratch: Path) -> Settings:
-    kafka = settings.kafka.model_copy(
-        update={
-            "submit_topic": f"{name}.dispatch.submit",
-            "events_topic": f"{name}.dispatch.events",
-            "rejected_topic": f"{name}.dispatch.submit.rejected",
-        }
-    )
-    paths = settings.paths.model_copy(
-        update={"var": scratch / name / "var", "warehouse": scratch / name / "delta"}
-    )
-    out = settings.model_copy(update={"kafka": kafka, "paths": paths})
-    create_topics(out.kafka)
-    return out
+    """`dispatch.settings.with_namespace` under `scratch / name`, with the topics created."""
+    namespaced = namespace_settings(settings, name, scratch / name)
+    create_topics(namespaced.kafka)
+    return namespaced
 
 
 def percentiles(values: list[float]) -> dict[str, float]:

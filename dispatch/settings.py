@@ -279,3 +279,17 @@ def to_environment(settings: Settings) -> dict[str, str]:
             # Lists and mappings travel as JSON, which pydantic-settings parses back.
             environment[key] = value if isinstance(value, str) else json.dumps(value)
     return environment
+
+
+def with_namespace(settings: Settings, namespace: str, folder: Path) -> Settings:
+    """The same settings with topics prefixed by `namespace` and `var` / the warehouse under
+    `folder`: a second stack's worth of state on the same broker (tests, benchmarks)."""
+    kafka = settings.kafka.model_copy(
+        update={
+            "submit_topic": f"{namespace}.dispatch.submit",
+            "events_topic": f"{namespace}.dispatch.events",
+            "rejected_topic": f"{namespace}.dispatch.submit.rejected",
+        }
+    )
+    paths = settings.paths.model_copy(update={"var": folder / "var", "warehouse": folder / "delta"})
+    return settings.model_copy(update={"kafka": kafka, "paths": paths})

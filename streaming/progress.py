@@ -65,13 +65,8 @@ class Progress:
     @classmethod
     def from_json(cls, text: str | None) -> Progress | None:
         """The progress in a commit's user metadata, or None if it holds none."""
-        if not text:
-            return None
-        try:
-            document = json.loads(text)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(document, dict) or document.get("dispatch_progress") != FORMAT:
+        document = tagged_metadata(text, "dispatch_progress")
+        if document is None:
             return None
         return cls(
             app_id=str(document["app"]),
@@ -84,6 +79,20 @@ class Progress:
             topics={str(role): str(name) for role, name in document.get("topics", {}).items()},
             fence={str(group): int(epoch) for group, epoch in document.get("fence", {}).items()},
         )
+
+
+def tagged_metadata(text: str | None, tag: str) -> dict[str, Any] | None:
+    """A commit's user metadata as a JSON object if it carries `tag` at this FORMAT, else None
+    (other writers' commits, maintenance commits, or no metadata at all)."""
+    if not text:
+        return None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(document, dict) or document.get(tag) != FORMAT:
+        return None
+    return document
 
 
 @dataclass(frozen=True, slots=True)

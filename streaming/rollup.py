@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streaming import tables as t
-from streaming.progress import newest_commit
+from streaming.progress import newest_commit, tagged_metadata
 from streaming.stats import MinuteStats, StatsKey
 
 if TYPE_CHECKING:
@@ -48,15 +48,8 @@ def rollup_metadata(through: int) -> str:
 
 def parse_rollup(text: str | None) -> int | None:
     """The `through` of a roll-up commit's user metadata, or None for any other commit."""
-    if not text:
-        return None
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(document, dict) or document.get("dispatch_rollup") != FORMAT:
-        return None
-    return int(document["through"])
+    document = tagged_metadata(text, "dispatch_rollup")
+    return None if document is None else int(document["through"])
 
 
 def key_of(row: dict[str, Any]) -> StatsKey:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from dispatch.settings import Settings, load_settings
+from dispatch.settings import Settings, load_settings, with_namespace
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.stack.ports import free_port
 
@@ -63,17 +63,7 @@ def settings(request: pytest.FixtureRequest, stack_settings: Settings, tmp_path:
     """Per-test settings: topics in a namespace of this test, a warehouse folder of its own."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[:80].strip("-")
     namespace = f"t{next(_namespace_numbers)}-{slug}"
-    kafka = stack_settings.kafka.model_copy(
-        update={
-            "submit_topic": f"{namespace}.dispatch.submit",
-            "events_topic": f"{namespace}.dispatch.events",
-            "rejected_topic": f"{namespace}.dispatch.submit.rejected",
-        }
-    )
-    paths = stack_settings.paths.model_copy(
-        update={"var": tmp_path / "var", "warehouse": tmp_path / "delta"}
-    )
-    return stack_settings.model_copy(update={"kafka": kafka, "paths": paths})
+    return with_namespace(stack_settings, namespace, tmp_path)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatch.stack.process import is_running
+from tests.integration.leftovers import processes_mentioning
 
 pytestmark = pytest.mark.integration
 
@@ -36,23 +36,4 @@ def test_the_demo_runs_to_the_end_and_leaves_nothing_running(tmp_path: Path) -> 
     assert "slow-1 took 2 attempts" in output
     assert "dead-letter queue: [('doomed-1'" in output
     assert "rejected records: 1" in output
-    assert _processes_mentioning(var) == [], "the demo left processes behind"
-
-
-def _processes_mentioning(folder: Path) -> list[int]:
-    """Live pids whose command line or environment names `folder`: every process the demo
-    starts gets its settings (DISPATCH_PATHS__VAR under `folder`) or its data path."""
-    needle = str(folder).encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if (
-                needle in (proc / "cmdline").read_bytes()
-                or needle in (proc / "environ").read_bytes()
-            ):
-                found.append(int(proc.name))
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-    return [pid for pid in found if is_running(pid)]
+    assert processes_mentioning(var) == [], "the demo left processes behind"

@@ -67,9 +67,9 @@ def start_node(settings: Settings) -> tuple[RunningNode, _ThreadServer, threadin
     raise RuntimeError("the API node did not become ready within 60 s")
 
 
-@pytest.fixture
-def api_settings(topics: Settings) -> Settings:
-    """Per-test settings with short timeouts, so retries show within a test."""
+def short_timeouts(topics: Settings) -> Settings:
+    """Per-test settings with short timeouts, so retries show within a test, and keys of the
+    test's own."""
     auth = topics.auth.model_copy(
         update={
             "keys_file": topics.paths.var / "api-keys.json",
@@ -85,6 +85,11 @@ def api_settings(topics: Settings) -> Settings:
         }
     )
     return topics.model_copy(update={"auth": auth, "dispatcher": dispatcher})
+
+
+@pytest.fixture
+def api_settings(topics: Settings) -> Settings:
+    return short_timeouts(topics)
 
 
 @pytest.fixture

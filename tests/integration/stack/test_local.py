@@ -18,6 +18,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from dispatch.client import Client
 from dispatch.stack.ports import free_port
 from dispatch.stack.process import is_running
+from tests.integration.leftovers import processes_mentioning
 
 pytestmark = pytest.mark.integration
 
@@ -63,19 +64,6 @@ class Cli:
         return int(json.loads(pid_file.read_text())["pid"]) if pid_file.exists() else None
 
 
-def _processes_using(folder: Path) -> list[int]:
-    """Pids whose command line mentions `folder`: what this test started and may have left."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if str(folder) in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode():
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-    return [pid for pid in found if is_running(pid)]
-
-
 @pytest.fixture
 def cli(tmp_path: Path) -> Iterator[Cli]:
     cli = Cli(tmp_path / "var")
@@ -110,7 +98,7 @@ def test_up_detach_runs_everything_and_down_leaves_no_process_behind(cli: Cli) -
         client.submit("demo.echo", 7, id="up-1")
         done = client.wait("up-1", timeout_s=60)
         assert done.status == "succeeded" and done.result == 7
-    assert _delta_status(cli.var / "delta", "up-1", timeout_s=150) == "succeeded"
+    assert _succeeded_in_delta(cli.var / "delta", "up-1", timeout_s=150)
 
     stopped = cli.run("down")
     assert stopped.returncode == 0
@@ -118,12 +106,12 @@ def test_up_detach_runs_everything_and_down_leaves_no_process_behind(cli: Cli) -
     assert stopped.stdout.rstrip().endswith("broker")
     for name, pid in pids.items():
         assert pid is not None and not is_running(pid), f"{name} survived down"
-    assert _processes_using(cli.var) == []
+    assert processes_mentioning(cli.var) == []
     assert cli.run("status").returncode == 3
 
 
-def _delta_status(warehouse: Path, job_id: str, timeout_s: float) -> str | None:
-    """The job's status in Delta `jobs` once the streaming fold wrote it (delta-rs)."""
+def _succeeded_in_delta(warehouse: Path, job_id: str, timeout_s: float) -> bool:
+    """Whether Delta `jobs` shows the job succeeded within `timeout_s` (delta-rs reads)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -137,11 +125,10 @@ def _delta_status(warehouse: Path, job_id: str, timeout_s: float) -> str | None:
             )
         except TableNotFoundError:
             rows = []
-        for row in rows:
-            if row["id"] == job_id and row["status"] == "succeeded":
-                return str(row["status"])
+        if {"id": job_id, "status": "succeeded"} in rows:
+            return True
         time.sleep(1.0)
-    return None
+    return False
 
 
 def test_a_restart_keeps_the_log_and_the_cluster(cli: Cli) -> None:
@@ -213,7 +200,7 @@ def test_ctrl_c_stops_a_foreground_up_and_everything_it_started(cli: Cli) -> Non
             foreground.send_signal(signal.SIGINT)
             assert foreground.wait(timeout=60) == 0
             assert not is_running(pid) and not is_running(api_pid)
-            assert _processes_using(cli.var) == []
+            assert processes_mentioning(cli.var) == []
         finally:
             if foreground.poll() is None:
                 foreground.kill()

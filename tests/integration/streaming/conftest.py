@@ -22,7 +22,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.event_records import decode_batch
-from dispatch.settings import Settings
+from dispatch.settings import Settings, with_namespace
 from dispatch.stack.broker import Broker, create_topics
 from streaming import tables as t
 from streaming.app import StreamOptions, run
@@ -44,17 +44,7 @@ FAST = StreamOptions(max_offsets_per_trigger=200, rollup_every_s=0, maintenance=
 def namespaced(stack_settings: Settings, base: Path, name: str) -> Settings:
     """Settings with topics and folders of their own (as the `settings` fixture makes)."""
     namespace = f"s{next(_numbers)}-{re.sub(r'[^A-Za-z0-9]+', '-', name)}"
-    kafka = stack_settings.kafka.model_copy(
-        update={
-            "submit_topic": f"{namespace}.dispatch.submit",
-            "events_topic": f"{namespace}.dispatch.events",
-            "rejected_topic": f"{namespace}.dispatch.submit.rejected",
-        }
-    )
-    paths = stack_settings.paths.model_copy(
-        update={"var": base / "var", "warehouse": base / "delta"}
-    )
-    return stack_settings.model_copy(update={"kafka": kafka, "paths": paths})
+    return with_namespace(stack_settings, namespace, base)
 
 
 def with_warehouse(settings: Settings, base: Path) -> Settings:

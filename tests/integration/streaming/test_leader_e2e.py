@@ -14,7 +14,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from dispatch.settings import Settings
 from streaming import tables as t
 from streaming.snapshot import latest_snapshot
-from tests.integration.api.conftest import RunningNode, poll_until, start_node
+from tests.integration.api.conftest import RunningNode, poll_until, short_timeouts, start_node
 from tests.integration.streaming.conftest import jobs_of, replay_after, run_stream, spark_rows
 
 if TYPE_CHECKING:
@@ -25,17 +25,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def leader_settings(topics: Settings) -> Settings:
-    """Short timeouts (as the API tests use), keys of this test."""
-    auth = topics.auth.model_copy(
-        update={
-            "keys_file": topics.paths.var / "api-keys.json",
-            "dev_keys_file": topics.paths.var / "dev-keys.json",
-        }
-    )
-    dispatcher = topics.dispatcher.model_copy(
-        update={"ack_timeout_s": 1.0, "max_ack_timeout_s": 4.0, "max_attempts": 3}
-    )
-    return topics.model_copy(update={"auth": auth, "dispatcher": dispatcher})
+    return short_timeouts(topics)
 
 
 @contextmanager

@@ -346,8 +346,8 @@ def freshness(
         records_per_batch_median=statistics.median(h.records for h in history) if history else 0,
         rollup_runs=sum(1 for h in history if h.rollup_s > 0),
         rollup_s=percentiles([h.rollup_s for h in history if h.rollup_s > 0]),
-        maintenance_runs=sum(1 for h in history if h.maintenance_s > 0.5),
-        maintenance_s=percentiles([h.maintenance_s for h in history if h.maintenance_s > 0.5]),
+        maintenance_runs=sum(1 for h in history if h.maintenance_steps),
+        maintenance_s=percentiles([h.maintenance_s for h in history if h.maintenance_steps]),
     )
 
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
 from dispatch.client import Client
+from dispatch.delta_sql import query
 from dispatch.settings import Settings, load_settings
 from dispatch.stack.local import LocalStack, StackPlan
 from dispatch.stack.ports import free_port
@@ -219,11 +219,9 @@ def _wait_caught_up(settings: Settings, expected: Expected) -> None:
 
 def _rows(warehouse: Path, name: str, sql: str) -> list[dict[str, Any]]:
     """Rows of a Delta table by SQL through delta-rs' DataFusion (no JVM)."""
-    from deltalake import DeltaTable, QueryBuilder
+    from deltalake import DeltaTable
 
-    table = DeltaTable(str(warehouse / name))
-    reader = QueryBuilder().register(name, table).execute(sql)
-    rows: list[dict[str, Any]] = pa.table(reader.read_all()).to_pylist()
+    rows: list[dict[str, Any]] = query(DeltaTable(str(warehouse / name)), name, sql).to_pylist()
     return rows
 
 

@@ -41,9 +41,11 @@ from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, QueryBuilder
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from dispatch.delta_sql import query as delta_query
+from dispatch.delta_sql import sql_text
 from dispatch.settings import LeaseSettings
 
 log = logging.getLogger(__name__)
@@ -113,10 +115,6 @@ def serving_deadline(lease: Lease, settings: LeaseSettings) -> float:
     return lease.expires_at - settings.clock_skew_margin_s
 
 
-def _text(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
 def _number(value: float) -> str:
     # repr round-trips a float64 exactly, so a pinned expires_at matches the stored value.
     if not math.isfinite(value):
@@ -136,7 +134,7 @@ def _changes(old: Lease, new: Lease) -> _Sets:
 
 def _literal(value: object) -> str:
     if isinstance(value, str):
-        return _text(value)
+        return sql_text(value)
     if isinstance(value, float):
         return _number(value)
     if isinstance(value, int):
@@ -270,12 +268,11 @@ class LeaseTable:
         return table
 
     def _row(self, table: DeltaTable, group: str) -> Lease | None:
-        # Through DataFusion (QueryBuilder): `to_pyarrow_table` goes through delta-rs' pyarrow
-        # filesystem wrapper, after which the interpreter aborts at exit ("terminate called
-        # without an active exception", deltalake 1.6.6).
-        query = f'SELECT {_COLUMNS} FROM leases WHERE "group" = {_text(group)}'
-        reader = QueryBuilder().register("leases", table).execute(query)
-        rows = pa.table(reader.read_all()).to_pylist()
+        # Through DataFusion (`delta_sql.query`): `to_pyarrow_table` goes through delta-rs'
+        # pyarrow filesystem wrapper, after which the interpreter aborts at exit ("terminate
+        # called without an active exception", deltalake 1.6.6).
+        sql = f'SELECT {_COLUMNS} FROM leases WHERE "group" = {sql_text(group)}'
+        rows = delta_query(table, "leases", sql).to_pylist()
         if not rows:
             return None
         # One row per group (inserts are merges on the group); the highest epoch if ever not.
@@ -304,7 +301,7 @@ class LeaseTable:
         if not sets:
             return "done"  # e.g. released twice: nothing to commit
         predicate = (
-            f'"group" = {_text(current.group)} AND "holder" = {_text(current.holder)}'
+            f'"group" = {sql_text(current.group)} AND "holder" = {sql_text(current.holder)}'
             f' AND "epoch" = {current.epoch} AND "expires_at" = {_number(current.expires_at)}'
         )
         updates = {column: _literal(value) for column, value in sets.items()}

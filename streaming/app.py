@@ -166,7 +166,7 @@ def run(
             raise RuntimeError(f"the streaming query failed: {error}")
         if writer.rollup is not None and writer.has_app_id:
             # What the last batches added becomes visible in `stats` before leaving.
-            writer.rollup.run(session, writer.app_id)
+            writer.rollup.run(writer.app_id)
         return writer
     finally:
         if own_session:

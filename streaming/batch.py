@@ -3,23 +3,26 @@
 Order of the writes (the `jobs` MERGE is always last, so "jobs covers batch N" means every
 table does):
 
-1. `events` append (bronze), 2. `rejected` append, 3. `stats` MERGE, 4. in a batch with
-`pruned` events: `jobs_archive` append, then a `jobs` MERGE deleting the pruned rows,
+1. `events` append (bronze), 2. `rejected` append, 3. `stats_partial` append, 4. in a batch
+with `pruned` events: `jobs_archive` append, then a `jobs` MERGE deleting the pruned rows,
 5. the `jobs` MERGE of the folded states, with the batch's `Progress` (offsets, fence epochs).
 
+The batch is collected to the driver (Spark reads Kafka and keeps the offsets and the
+checkpoint); the appends and the `jobs` MERGE are delta-rs commits from the folded Arrow rows
+(`streaming.delta_commits`: a Spark write per table cost ~2 s of fixed overhead a batch here),
+the rare prune step stays in Spark (it selects closed rows by a condition over the history).
+
 Exactly-once effect, two layers:
-- Delta idempotent writes keyed on the batch: `txnAppId` = the streaming query's id (new with
-  every new checkpoint, so a fresh checkpoint whose batch ids restart at 0 is never skipped),
-  `txnVersion` = the batch id; writer options for appends, the session confs
-  `spark.databricks.delta.write.txnAppId` / `txnVersion` around each MERGE. A replayed batch's
-  writes are skipped by Delta itself.
+- Delta idempotent writes keyed on the batch: every commit carries a `txn` action with app id
+  = the streaming query's id (new with every new checkpoint, so a fresh checkpoint whose batch
+  ids restart at 0 is never skipped) and version = the batch id; a table that already holds
+  that version is not written again (delta-rs commits checked by `DeltaCommits.committed`, the
+  Spark prune MERGE by the session confs `spark.databricks.delta.write.txnAppId` /
+  `txnVersion`).
 - Offset watermarks: every commit records the Kafka positions its table has absorbed, and each
   table only takes the records after its own position. This also makes a run from a deleted
   checkpoint (which restarts from the positions recorded in `jobs`) exact, even when its batch
   boundaries differ from the lost ones.
-
-The fold reads the touched jobs' current rows with delta-rs (the application is the only writer
-of `jobs`, and Spark commits synchronously, so delta-rs sees the latest version).
 """
 
 from __future__ import annotations
@@ -29,15 +32,14 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from dispatch.delta_sql import query, sql_in
 from streaming import tables as t
 from streaming.decode import (
     KafkaRow,
@@ -56,6 +58,7 @@ from streaming.decode import (
     undecodable_bronze_row,
     unseen,
 )
+from streaming.delta_commits import DeltaCommits
 from streaming.fold import (
     CLOSED,
     OPEN,
@@ -74,7 +77,7 @@ from streaming.progress import BATCH, PRUNE, Progress, latest_progress
 from streaming.rollup import StatsRollup, stats_row
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from streaming.maintenance import Maintenance
 
@@ -127,6 +130,7 @@ class BatchTimings:
     jobs_merge_s: float = 0.0
     rollup_s: float = 0.0
     maintenance_s: float = 0.0
+    maintenance_steps: int = 0
     total_s: float = 0.0
 
 
@@ -173,9 +177,7 @@ class BatchWriter:
         self.paths = {name: t.table_path(warehouse, name) for name in t.SCHEMAS}
         self._app_id: str | None = None
         self._positions: _Positions | None = None
-        self._delta: dict[str, Any] = {}
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dispatch-appends")
-        self._side: SparkSession | None = None
+        self.commits = DeltaCommits(self.paths)
         self.last: BatchTimings | None = None
         self.history: list[BatchTimings] = []
 
@@ -221,17 +223,6 @@ class BatchWriter:
             fence=dict(positions.fence),
         )
 
-    def _delta_table(self, name: str) -> Any:
-        """A delta-rs handle on `name`, brought up to the latest version."""
-        from deltalake import DeltaTable
-
-        handle = self._delta.get(name)
-        if handle is None:
-            handle = self._delta[name] = DeltaTable(str(self.paths[name]))
-        else:
-            handle.update_incremental()
-        return handle
-
     # --- the batch --------------------------------------------------------------------------
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -264,19 +255,13 @@ class BatchWriter:
         timings.jobs = len(plan.fold.final)
         timings.fold_s = time.perf_counter() - mark
 
-        # Two appends at once: `events` on a session of its own (so no conf or local property
-        # of one write can reach the other), the statistics and rejections on this one.
-        side = self._side_session(spark)
-        events_write = self._pool.submit(self._write_events_timed, side, batch_id, end, plan)
         mark = time.perf_counter()
-        try:
-            self._write_stats_partial(spark, batch_id, end, plan.fold)
-            self._write_rejected(spark, batch_id, end, plan.by_topic[self.topics.rejected])
-        finally:
-            # Never leave a write running behind a failed batch (its retry would race it).
-            wait([events_write])
+        self._write_events(batch_id, end, plan)
+        timings.events_write_s = time.perf_counter() - mark
+        mark = time.perf_counter()
+        self._write_stats_partial(batch_id, end, plan.fold)
+        self._write_rejected(batch_id, end, plan.by_topic[self.topics.rejected])
         timings.stats_write_s = time.perf_counter() - mark
-        timings.events_write_s = events_write.result()
 
         mark = time.perf_counter()
         if plan.fold.prunes:
@@ -285,18 +270,18 @@ class BatchWriter:
 
         mark = time.perf_counter()
         positions.fence = plan.fence_after
-        self._merge_jobs(spark, batch_id, end, plan.fold)
+        self._merge_jobs(batch_id, end, plan.fold)
         for name in positions.tables:
             positions.tables[name] = end
         timings.jobs_merge_s = time.perf_counter() - mark
 
         if self.rollup is not None and self.rollup.due():
             mark = time.perf_counter()
-            self.rollup.run(spark, self.app_id)
+            self.rollup.run(self.app_id)
             timings.rollup_s = time.perf_counter() - mark
         if self.maintenance is not None:
             mark = time.perf_counter()
-            self.maintenance.run_due(spark)
+            timings.maintenance_steps = len(self.maintenance.run_due(spark))
             timings.maintenance_s = time.perf_counter() - mark
         timings.total_s = time.perf_counter() - started
         self.last = timings
@@ -337,11 +322,10 @@ class BatchWriter:
         closed one in a batch with `pruned` events (a pruned id may be submitted again)."""
         if not keys:
             return {}
-        dataset = self._delta_table(t.JOBS).to_pyarrow_dataset(
-            file_pruning_predicate=None if include_closed else [("part", "=", OPEN)]
-        )
-        ids = pa.array(sorted({job_id for _, job_id in keys}), pa.string())
-        found = dataset.to_table(filter=pc.field("id").isin(ids))
+        condition = sql_in('"id"', sorted({job_id for _, job_id in keys}))
+        if not include_closed:
+            condition = f"\"part\" = '{OPEN}' AND {condition}"
+        found = query(self.commits.table(t.JOBS), "jobs", f"SELECT * FROM jobs WHERE {condition}")
         current: dict[JobKey, JobState] = {}
         for row in found.to_pylist():
             key, state = job_state(row)
@@ -353,17 +337,9 @@ class BatchWriter:
 
     # --- writes ---------------------------------------------------------------------------------
 
-    def _append(
-        self, spark: SparkSession, name: str, rows: pa.Table, batch_id: int, progress: Progress
-    ) -> None:
-        frame = spark.createDataFrame(rows)
-        (
-            frame.write.format("delta")
-            .mode("append")
-            .option("txnAppId", self.app_id)
-            .option("txnVersion", str(batch_id))
-            .option("userMetadata", progress.to_json())
-            .save(str(self.paths[name]))
+    def _append(self, name: str, rows: pa.Table, batch_id: int, progress: Progress) -> None:
+        self.commits.append(
+            name, rows, app_id=self.app_id, version=batch_id, metadata=progress.to_json()
         )
 
     @contextmanager
@@ -381,20 +357,7 @@ class BatchWriter:
             for key in (_TXN_APP, _TXN_VERSION, _USER_METADATA):
                 conf.unset(key)
 
-    def _side_session(self, spark: SparkSession) -> SparkSession:
-        """A second session on the same Spark context, for writes that overlap others."""
-        if self._side is None:
-            self._side = spark.newSession()
-        return self._side
-
-    def _write_events_timed(
-        self, spark: SparkSession, batch_id: int, end: Offsets, plan: _Plan
-    ) -> float:
-        started = time.perf_counter()
-        self._write_events(spark, batch_id, end, plan)
-        return time.perf_counter() - started
-
-    def _write_events(self, spark: SparkSession, batch_id: int, end: Offsets, plan: _Plan) -> None:
+    def _write_events(self, batch_id: int, end: Offsets, plan: _Plan) -> None:
         mark = self.positions().tables[t.EVENTS]
         events_topic = self.topics.events
         absorbed = mark.get(events_topic, {})
@@ -413,20 +376,16 @@ class BatchWriter:
             rows.append(rejected_bronze_row(row, batch_id))
         if rows:
             progress = self._progress(batch_id, end)
-            self._append(spark, t.EVENTS, t.arrow_rows(t.EVENTS, rows), batch_id, progress)
+            self._append(t.EVENTS, t.arrow_rows(t.EVENTS, rows), batch_id, progress)
 
-    def _write_rejected(
-        self, spark: SparkSession, batch_id: int, end: Offsets, records: Sequence[KafkaRow]
-    ) -> None:
+    def _write_rejected(self, batch_id: int, end: Offsets, records: Sequence[KafkaRow]) -> None:
         fresh = unseen(records, self.positions().tables[t.REJECTED])
         if fresh:
             rows = [rejected_row(row, batch_id) for row in fresh]
             progress = self._progress(batch_id, end)
-            self._append(spark, t.REJECTED, t.arrow_rows(t.REJECTED, rows), batch_id, progress)
+            self._append(t.REJECTED, t.arrow_rows(t.REJECTED, rows), batch_id, progress)
 
-    def _write_stats_partial(
-        self, spark: SparkSession, batch_id: int, end: Offsets, fold: BatchFold
-    ) -> None:
+    def _write_stats_partial(self, batch_id: int, end: Offsets, fold: BatchFold) -> None:
         """The batch's statistics as partial rows (rolled up into `stats` later)."""
         contributions = fold.stats.rows
         if not contributions:
@@ -438,7 +397,7 @@ class BatchWriter:
             row.update(batch_end=batch_end, batch_id=batch_id)
             rows.append(row)
         table = t.arrow_rows(t.STATS_PARTIAL, rows)  # percentile columns are left out
-        self._append(spark, t.STATS_PARTIAL, table, batch_id, self._progress(batch_id, end))
+        self._append(t.STATS_PARTIAL, table, batch_id, self._progress(batch_id, end))
 
     def _write_prunes(self, spark: SparkSession, batch_id: int, end: Offsets, plan: _Plan) -> None:
         """Move the jobs the leader pruned from `jobs` to `jobs_archive`: the touched ones as
@@ -528,14 +487,10 @@ class BatchWriter:
                 .execute()
             )
 
-    def _merge_jobs(
-        self, spark: SparkSession, batch_id: int, end: Offsets, fold: BatchFold
-    ) -> None:
+    def _merge_jobs(self, batch_id: int, end: Offsets, fold: BatchFold) -> None:
         """The batch's last commit: upsert the folded jobs, delete the pruned ones, and record
         the batch's progress. Made even when no job changed, so the snapshot pointer, the
         fence epochs and the lag always move with the log."""
-        from delta.tables import DeltaTable
-
         rows: list[dict[str, Any]] = []
         for (group, job_id), state in fold.final.items():
             if state is None:
@@ -546,21 +501,25 @@ class BatchWriter:
                 row["_delete"] = False
             rows.append(row)
         schema = t.SCHEMAS[t.JOBS].append(pa.field("_delete", pa.bool_()))
-        source = spark.createDataFrame(pa.Table.from_pylist(rows, schema=schema))
-        columns: dict[str, str | Column] = {name: f"s.`{name}`" for name in _JOB_COLUMNS}
-        target = DeltaTable.forPath(spark, str(self.paths[t.JOBS]))
-        with self._merge_commit(spark, batch_id, self._progress(batch_id, end)):
-            (
-                target.alias("t")
-                .merge(
-                    source.alias("s"),
-                    f"t.part = '{OPEN}' AND t.dispatch_group = s.dispatch_group AND t.id = s.id",
-                )
-                .whenMatchedDelete(condition="s._delete")
-                .whenMatchedUpdate(set=columns)
-                .whenNotMatchedInsert(condition="NOT s._delete", values=columns)
-                .execute()
-            )
+        merge = self.commits.merge(
+            t.JOBS,
+            pa.Table.from_pylist(rows, schema=schema),
+            # Only open jobs can change: the partition literal keeps the closed history (the
+            # bulk of the table) out of the scan, so the cost follows the backlog.
+            f"t.part = '{OPEN}' AND t.dispatch_group = s.dispatch_group AND t.id = s.id",
+            app_id=self.app_id,
+            version=batch_id,
+            metadata=self._progress(batch_id, end).to_json(),
+        )
+        if merge is None:
+            return
+        columns = {name: f"s.`{name}`" for name in _JOB_COLUMNS}
+        (
+            merge.when_matched_delete(predicate="s._delete")
+            .when_matched_update(updates=columns)
+            .when_not_matched_insert(updates=columns, predicate="NOT s._delete")
+            .execute()
+        )
 
 
 def _archive_row(life: Any) -> dict[str, Any]:

@@ -8,9 +8,12 @@ then deletes them from `stats_partial`.
 Exactly once: each partial row carries `batch_end`, a number that grows with every batch (the
 sum of the events topic's end offsets of its batch). The roll-up's MERGE commit records the
 highest `batch_end` it added (`{"dispatch_rollup": 1, "through": N}` in its user metadata), and
-is keyed on it (`txnAppId` = "<app>-rollup", `txnVersion` = N); the next roll-up only takes
-rows above it. A crash between the MERGE and the DELETE leaves rows the next roll-up skips and
-deletes.
+is keyed on it (a `txn` action with app id "<app>-rollup", version N); the next roll-up only
+takes rows above it. A crash between the MERGE and the DELETE leaves rows the next roll-up skips
+and deletes.
+
+Both commits are delta-rs's (`streaming.delta_commits`), like the batch's: a Spark MERGE here
+cost ~6 s every `rollup_every_s`, and the batch that ran it held every event behind it.
 """
 
 from __future__ import annotations
@@ -21,25 +24,20 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from streaming import tables as t
+from streaming.delta_commits import DeltaCommits
 from streaming.progress import newest_commit, tagged_metadata
 from streaming.stats import MinuteStats, StatsKey
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column, SparkSession
 
 log = logging.getLogger(__name__)
 
 UTC = dt.UTC
 FORMAT = 1
-_TXN_APP = "spark.databricks.delta.write.txnAppId"
-_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def rollup_metadata(through: int) -> str:
@@ -100,21 +98,22 @@ class StatsRollup:
         self.every_s = every_s
         self.clock = clock
         self._last = clock()
+        self.commits = DeltaCommits(
+            {name: t.table_path(warehouse, name) for name in (t.STATS, t.STATS_PARTIAL)}
+        )
 
     def due(self) -> bool:
         return self.every_s <= 0 or self.clock() - self._last >= self.every_s
 
     def _table(self, name: str) -> Any:
-        from deltalake import DeltaTable
-
-        return DeltaTable(str(t.table_path(self.warehouse, name)))
+        return self.commits.table(name)
 
     def rolled_through(self) -> int:
         """The highest `batch_end` already in `stats` (0: none)."""
         found = newest_commit(self._table(t.STATS), parse_rollup)
         return 0 if found is None else found[2]
 
-    def run(self, spark: SparkSession, app_id: str) -> int:
+    def run(self, app_id: str) -> int:
         """Roll up what is pending; returns the number of `stats` rows written."""
         self._last = self.clock()
         through = self.rolled_through()
@@ -131,14 +130,11 @@ class StatsRollup:
                 else:
                     merged[key] = stats
             rows = [stats_row(key, merged[key]) for key in sorted(additions)]
-            self._merge(spark, rows, app_id, new_through)
+            self._merge(rows, app_id, new_through)
             through = new_through
             written = len(rows)
         if partial:
-            from delta.tables import DeltaTable
-
-            path = str(t.table_path(self.warehouse, t.STATS_PARTIAL))
-            DeltaTable.forPath(spark, path).delete(f"batch_end <= {through}")
+            self._table(t.STATS_PARTIAL).delete(f"batch_end <= {through}")
         return written
 
     def _existing(self, keys: Iterable[StatsKey]) -> dict[StatsKey, MinuteStats]:
@@ -154,35 +150,25 @@ class StatsRollup:
         found = dataset.to_table(filter=pc.field("minute").isin(minutes)).to_pylist()
         return aggregate(row for row in found if key_of(row) in wanted)
 
-    def _merge(
-        self, spark: SparkSession, rows: list[dict[str, Any]], app_id: str, through: int
-    ) -> None:
-        from delta.tables import DeltaTable
-
-        source = spark.createDataFrame(t.arrow_rows(t.STATS, rows))
+    def _merge(self, rows: list[dict[str, Any]], app_id: str, through: int) -> None:
         dates = sorted({row["date"].isoformat() for row in rows})
         condition = (
-            f"t.date IN ({', '.join(repr(day) for day in dates)})"
+            f"t.date IN ({', '.join(f'CAST({day!r} AS DATE)' for day in dates)})"
             " AND t.minute = s.minute AND t.dispatch_group = s.dispatch_group"
             " AND t.exec = s.exec AND t.client_id = s.client_id"
         )
-        columns: dict[str, str | Column] = {
-            name: f"s.`{name}`" for name in t.SCHEMAS[t.STATS].names
-        }
-        target = DeltaTable.forPath(spark, str(t.table_path(self.warehouse, t.STATS)))
-        conf = spark.conf
-        conf.set(_TXN_APP, f"{app_id}-rollup")
-        conf.set(_TXN_VERSION, str(through))
-        conf.set(_USER_METADATA, rollup_metadata(through))
-        try:
-            (
-                target.alias("t")
-                .merge(source.alias("s"), condition)
-                .whenMatchedUpdate(set=columns)
-                .whenNotMatchedInsert(values=columns)
-                .execute()
-            )
-        finally:
-            for key in (_TXN_APP, _TXN_VERSION, _USER_METADATA):
-                conf.unset(key)
+        merge = self.commits.merge(
+            t.STATS,
+            t.arrow_rows(t.STATS, rows),
+            condition,
+            app_id=f"{app_id}-rollup",
+            version=through,
+            metadata=rollup_metadata(through),
+        )
+        if merge is None:
+            return
+        columns = {name: f"s.`{name}`" for name in t.SCHEMAS[t.STATS].names}
+        merge.when_matched_update(updates=columns).when_not_matched_insert(
+            updates=columns
+        ).execute()
         log.info("stats roll-up through batch_end %d: %d rows", through, len(rows))

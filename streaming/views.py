@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dispatch.core.job import JobRecord
+from dispatch.delta_sql import query, sql_text
 from streaming import tables as t
 from streaming.fold import OPEN, record_from_row
 
@@ -38,8 +39,8 @@ def register_views(spark: SparkSession, warehouse: Path) -> list[str]:
         path = t.table_path(warehouse, name)
         spark.read.format("delta").load(str(path)).createOrReplaceTempView(name)
         names.append(name)
-    for name, query in VIEWS.items():
-        spark.sql(query).createOrReplaceTempView(name)
+    for name, view_sql in VIEWS.items():
+        spark.sql(view_sql).createOrReplaceTempView(name)
         names.append(name)
     return names
 
@@ -93,35 +94,30 @@ def latency_percentiles(
     )
 
 
-def _jobs_rows(warehouse: Path, partition: str | None, filters: Any) -> list[dict[str, Any]]:
+def _jobs_rows(warehouse: Path, condition: str) -> list[dict[str, Any]]:
     from deltalake import DeltaTable
 
     table = DeltaTable(str(t.table_path(warehouse, t.JOBS)))
-    dataset = table.to_pyarrow_dataset(
-        file_pruning_predicate=None if partition is None else [("part", "=", partition)]
-    )
-    rows: list[dict[str, Any]] = dataset.to_table(filter=filters).to_pylist()
+    rows: list[dict[str, Any]] = query(
+        table, "jobs", f"SELECT * FROM jobs WHERE {condition}"
+    ).to_pylist()
     return rows
 
 
 def read_dlq(warehouse: Path, group: str | None = None) -> list[JobRecord]:
     """The dead-letter queue (oldest first) with delta-rs, as the core's records."""
-    import pyarrow.compute as pc
-
-    condition = pc.field("status") == "dead"
+    condition = f"\"part\" = '{OPEN}' AND \"status\" = 'dead'"
     if group is not None:
-        condition = condition & (pc.field("dispatch_group") == group)
-    rows = sorted(_jobs_rows(warehouse, OPEN, condition), key=lambda row: row["updated_at"])
+        condition += f' AND "dispatch_group" = {sql_text(group)}'
+    rows = sorted(_jobs_rows(warehouse, condition), key=lambda row: row["updated_at"])
     return [record_from_row(row) for row in rows]
 
 
 def read_job(warehouse: Path, job_id: str, group: str | None = None) -> JobRecord | None:
     """One job's current record with delta-rs (None if `jobs` does not hold it; a pruned job
     is in `jobs_archive`)."""
-    import pyarrow.compute as pc
-
-    condition = pc.field("id") == job_id
+    condition = f'"id" = {sql_text(job_id)}'
     if group is not None:
-        condition = condition & (pc.field("dispatch_group") == group)
-    rows = _jobs_rows(warehouse, None, condition)
+        condition += f' AND "dispatch_group" = {sql_text(group)}'
+    rows = _jobs_rows(warehouse, condition)
     return record_from_row(rows[0]) if rows else None

@@ -57,7 +57,7 @@ def versions(settings: Settings) -> dict[str, int]:
 class CrashBeforeJobs(BatchWriter):
     """Dies after events, rejected and stats are committed, before the jobs MERGE."""
 
-    def _merge_jobs(self, spark: Any, batch_id: int, end: Any, fold: BatchFold) -> None:
+    def _merge_jobs(self, batch_id: int, end: Any, fold: BatchFold) -> None:
         raise RuntimeError("killed before the jobs MERGE")
 
 
@@ -107,10 +107,10 @@ def test_replays_and_a_cut_batch_change_the_tables_exactly_once(
 
 def check_tables(settings: Settings, spark: SparkSession, workload: Any) -> None:
     rollup = StatsRollup(settings.paths.warehouse)
-    rollup.run(spark, "test")
+    rollup.run("test")
     assert not spark_rows(spark, settings, t.STATS_PARTIAL)
     rolled = versions(settings)[t.STATS]
-    rollup.run(spark, "test")
+    rollup.run("test")
     assert versions(settings)[t.STATS] == rolled, "a roll-up with nothing pending changed stats"
     assert jobs_of(spark_rows(spark, settings, t.JOBS)) == workload.expected_jobs()
     events = spark_rows(spark, settings, t.EVENTS)

@@ -43,7 +43,7 @@ def test_compaction_and_vacuum_change_no_row(topics: Settings, spark: SparkSessi
     snapshot = latest_snapshot(settings.paths.warehouse, GROUP)
     files = sum(file_count(settings, name) for name in t.SCHEMAS)
     maintenance = Maintenance(settings.paths.warehouse, MaintenancePolicy(vacuum_retain_hours=0))
-    maintenance.optimize(spark)
+    maintenance.optimize()
     maintenance.vacuum(spark)
     assert sum(file_count(settings, name) for name in t.SCHEMAS) < files
     for name in t.SCHEMAS:

@@ -17,7 +17,7 @@ class Recording(Maintenance):
         self.tables = ["a", "b"]
         self.ran: list[str] = []
 
-    def optimize(self, spark: Any, names: list[str] | None = None) -> dict[str, float]:
+    def optimize(self, names: list[str] | None = None) -> dict[str, float]:
         self.ran += [f"optimize {name}" for name in names or self.tables]
         return {}
 

@@ -1,0 +1,51 @@
+"""`streaming.delta_commits`: delta-rs commits keyed on (app, batch) apply once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from streaming.delta_commits import DeltaCommits
+
+
+def table_at(path: Path) -> DeltaCommits:
+    write_deltalake(
+        path, pa.table({"id": pa.array([], pa.string()), "n": pa.array([], pa.int64())})
+    )
+    return DeltaCommits({"t": path})
+
+
+def rows(path: Path) -> list[dict[str, object]]:
+    return sorted(DeltaTable(path).to_pyarrow_table().to_pylist(), key=lambda row: str(row["id"]))
+
+
+def test_an_append_is_written_once_per_app_and_batch(tmp_path: Path) -> None:
+    commits = table_at(tmp_path / "t")
+    batch = pa.table({"id": ["a"], "n": [1]})
+    assert commits.append("t", batch, app_id="app", version=3, metadata='{"batch": 3}')
+    # The same batch replayed, and an older one, change nothing; another app's does.
+    assert not commits.append("t", batch, app_id="app", version=3, metadata="again")
+    assert not commits.append("t", batch, app_id="app", version=2, metadata="older")
+    assert commits.append(
+        "t", pa.table({"id": ["b"], "n": [2]}), app_id="other", version=0, metadata=""
+    )
+    assert [row["id"] for row in rows(tmp_path / "t")] == ["a", "b"]
+    history = DeltaTable(tmp_path / "t").history()
+    assert [commit.get("userMetadata") for commit in history[:2]] == ["", '{"batch": 3}']
+    # A fresh handle (a restarted application) sees the recorded version too.
+    assert DeltaCommits({"t": tmp_path / "t"}).committed("t", "app", 3)
+
+
+def test_a_merge_is_skipped_when_its_batch_is_in_the_table(tmp_path: Path) -> None:
+    commits = table_at(tmp_path / "t")
+    commits.append("t", pa.table({"id": ["a"], "n": [1]}), app_id="app", version=0, metadata="")
+    source = pa.table({"id": ["a", "b"], "n": [10, 20]})
+    for _ in range(2):  # the second time is a replay
+        merge = commits.merge("t", source, "t.id = s.id", app_id="app", version=1, metadata="m")
+        if merge is not None:
+            merge.when_matched_update_all().when_not_matched_insert_all().execute()
+    assert rows(tmp_path / "t") == [{"id": "a", "n": 10}, {"id": "b", "n": 20}]
+    assert commits.committed("t", "app", 1) and not commits.committed("t", "app", 2)
+    assert DeltaTable(tmp_path / "t").history(1)[0]["userMetadata"] == "m"

@@ -12,6 +12,7 @@ submissions, which any node writes to `dispatch.submit` itself.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 import time
@@ -23,7 +24,14 @@ from kafka import KafkaProducer
 from api.election import Election
 from api.hub import Hub
 from api.lag_metrics import LagGauges
-from api.leader import Answer, Command, Decide, Leader, LeaderUnavailable
+from api.leader import (
+    Answer,
+    Command,
+    Decide,
+    Leader,
+    LeaderUnavailable,
+    preload_rebuild_modules,
+)
 from api.metrics import Metrics
 from dispatch.core.commands import SubmitRequest
 from dispatch.settings import Settings
@@ -66,6 +74,7 @@ class Node:
             batch_size=256 * 1024,
             max_request_size=16 * 1024 * 1024,
         )
+        await asyncio.to_thread(preload_rebuild_modules)
         self._supervisor = threading.Thread(
             target=self._supervise, name="dispatch-supervisor", daemon=True
         )
@@ -98,31 +107,45 @@ class Node:
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue
-            assert self.hub is not None
-            leader = Leader(
-                self.settings, self.node_id, self.hub, self.metrics,
-                epoch_for=self.election.epoch_for,
-                serving_until=self.election.serving_until,
-            )  # fmt: skip
-            try:
-                leader.start()
-            except Exception:
-                log.exception("node %s could not start a leader term", self.node_id)
-                leader.stop()
+            started = self._term()
+            if not self._stopping.is_set():
+                # The term's state (a million records in reference cycles, unfrozen by
+                # `Leader.stop`) is garbage now: free it here, not frozen again by the next
+                # rebuild (which runs with the collector off) nor kept until a full
+                # collection, which the thresholds `api.server` sets make rare.
+                gc.collect()
+            if started:
+                failures = 0
+            else:
                 self._stopping.wait(RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)])
                 failures += 1
-                continue
-            failures = 0
-            self.terms += 1
-            self._leader = leader
-            self.metrics.is_leader.set(1)
-            self.metrics.epoch.set(leader.core.epoch)
-            while leader.running and self.election.held.is_set() and not self._stopping.is_set():
-                self._wake.wait(0.1)
-                self._wake.clear()
-            self.metrics.is_leader.set(0)
-            self._leader = None
+
+    def _term(self) -> bool:
+        """One leadership term, until it fails or the lease is lost; False if it did not
+        start. The Leader is dropped on return, so its state can be collected."""
+        assert self.hub is not None
+        leader = Leader(
+            self.settings, self.node_id, self.hub, self.metrics,
+            epoch_for=self.election.epoch_for,
+            serving_until=self.election.serving_until,
+        )  # fmt: skip
+        try:
+            leader.start()
+        except Exception:
+            log.exception("node %s could not start a leader term", self.node_id)
             leader.stop()
+            return False
+        self.terms += 1
+        self._leader = leader
+        self.metrics.is_leader.set(1)
+        self.metrics.epoch.set(leader.core.epoch)
+        while leader.running and self.election.held.is_set() and not self._stopping.is_set():
+            self._wake.wait(0.1)
+            self._wake.clear()
+        self.metrics.is_leader.set(0)
+        self._leader = None
+        leader.stop()
+        return True
 
     # --- what request handlers use -----------------------------------------------------------
 

@@ -293,7 +293,7 @@ def compact_jobs(spark: SparkSession, settings: Settings) -> float:
     from streaming.maintenance import Maintenance
 
     started = time.perf_counter()
-    Maintenance(settings.paths.warehouse).optimize(spark, [t.JOBS])
+    Maintenance(settings.paths.warehouse).optimize([t.JOBS])
     return round(time.perf_counter() - started, 1)
 
 
@@ -430,9 +430,12 @@ class Measurement:
 
 def like_a_standby_node() -> None:
     """This process as `dispatch serve` has it before its first term: the modules a node
-    imports, and the GC thresholds `api.server.serve` sets."""
+    imports (and preloads in `Node.start`), and the GC thresholds `api.server.serve` sets."""
     for module in ("api.node", "api.server", "dispatch.lease", "pyarrow.compute"):
         importlib.import_module(module)
+    from api.leader import preload_rebuild_modules
+
+    preload_rebuild_modules()
     gc.set_threshold(100_000, 50, 100)
 
 
@@ -534,7 +537,9 @@ def measure(settings: Settings, repeats: int, profile: bool) -> Measurement:
         snapshot = latest_snapshot(settings.paths.warehouse, GROUP)
     assert snapshot is not None
     with timed() as restore_took:
-        core = Dispatcher.restore(snapshot.jobs, config=config, epoch=snapshot.fence_epoch)
+        core = Dispatcher.restore(
+            snapshot.jobs, config=config, epoch=snapshot.fence_epoch, owned=True
+        )
     snapshot_jobs = len(snapshot.jobs)
     offsets = snapshot.offsets
     del snapshot

@@ -4,7 +4,7 @@ Every batch's last `jobs` commit records (see `streaming.progress`) the next off
 `dispatch.events` partition it covers and each group's fence epoch. `latest_snapshot` reads the
 newest such commit and the `jobs` table *at that version* with delta-rs (no JVM), so:
 
-    core = Dispatcher.restore(snapshot.jobs, config=..., epoch=snapshot.fence_epoch)
+    core = Dispatcher.restore(snapshot.jobs, config=..., epoch=snapshot.fence_epoch, owned=True)
     for partition, offset in snapshot.offsets.items():
         # replay dispatch.events from `offset` (read_committed) to the end, this group's
         # batches only, with core.apply(...)
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dispatch.core.job import JobRecord
 from streaming import tables as t
-from streaming.fold import records_from_arrow
+from streaming.fold import JOB_RECORD_COLUMNS, records_from_arrow
 from streaming.progress import BATCH, latest_progress_of
 
 
@@ -32,7 +32,8 @@ class Snapshot:
     """The `jobs` table version the records were read at."""
     group: str
     jobs: list[JobRecord]
-    """Every job of the group the leader holds at that point of the log."""
+    """Every job of the group the leader holds at that point of the log, as records read for
+    this snapshot alone (so `Dispatcher.restore(..., owned=True)` may take them)."""
     events_topic: str
     offsets: dict[int, int]
     """`dispatch.events` partition -> next offset to replay from (everything before it is in
@@ -68,7 +69,12 @@ def latest_snapshot(warehouse: Path, group: str = "default") -> Snapshot | None:
     dataset = table.to_pyarrow_dataset()
     import pyarrow.compute as pc
 
-    rows = dataset.to_table(filter=pc.field("dispatch_group") == group)
+    # Only the record's columns (`queued_at`, `started_at`, `part` would be decoded for
+    # nothing, a million values each) and the group. The group is filtered after the read,
+    # not pushed down: files delta-rs's MERGE wrote hold `string_view` columns, on which
+    # pyarrow's pushed-down comparisons fail (see dispatch/delta_sql.py).
+    read = dataset.to_table(columns=[*JOB_RECORD_COLUMNS, "dispatch_group"])
+    rows = read.filter(pc.equal(read["dispatch_group"], group)).drop_columns(["dispatch_group"])
     events_topic = progress.topics.get("events", "")
     return Snapshot(
         version=committed.version,

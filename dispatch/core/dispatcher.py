@@ -198,6 +198,7 @@ class Dispatcher(WorkerCommands, SettlementCommands):
         config: CoreConfig | None = None,
         workers: Iterable[WorkerRecord] = (),
         epoch: int = 0,
+        owned: bool = False,
     ) -> Dispatcher:
         """A dispatcher holding a snapshot: the job records (e.g. the Delta `jobs` table at
         some version), optionally the workers, and the fence epoch the snapshot was taken at.
@@ -206,8 +207,12 @@ class Dispatcher(WorkerCommands, SettlementCommands):
         Running jobs keep their worker, lease and deadline, so an ack for an assignment the
         old leader made is accepted. A worker named by a running job but absent from
         `workers` becomes a placeholder (no subjects, no credit) until it joins again.
-        The records are copied; ValueError names the first inconsistent one.
+        The records are copied, unless `owned=True`: then the dispatcher takes the records
+        themselves (no copy: half a second less for a million jobs) and mutates them from then on,
+        so pass only records nothing else refers to and do not use them afterwards (e.g. the
+        list `streaming.snapshot.latest_snapshot` just read). ValueError names the first
+        inconsistent record.
         """
         dispatcher = cls(config, epoch=epoch)
-        load_snapshot(dispatcher, jobs, workers)
+        load_snapshot(dispatcher, jobs, workers, owned=owned)
         return dispatcher

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Iterable
+from typing import Any
+
 import pytest
 
 from dispatch.core import (
+    DeadReason,
     Dispatcher,
     Event,
     JobRecord,
@@ -13,6 +18,9 @@ from dispatch.core import (
     check_invariants,
     state_view,
 )
+from dispatch.core.job import check_record
+from dispatch.core.restore import load_snapshot
+from dispatch.core.state import DispatcherState
 from tests.unit.core.helpers import T0, assigned_ids, assignments, make, request, worker
 
 
@@ -140,3 +148,260 @@ def test_a_restored_leader_finishes_the_work() -> None:
                 new.ack(job.id, job.attempts, job.lease or "", now)
         new.tick(now)
     assert all(job.is_terminal for job in new.jobs())
+
+
+# --- what the restore must keep exactly: orders, ownership, the first error -------------------
+
+
+def reference_load(
+    state: DispatcherState, jobs: Iterable[JobRecord], workers: Iterable[WorkerRecord] = ()
+) -> None:
+    """The straightforward restore, one record at a time, that `load_snapshot` replaced: the
+    faster one must build exactly the same state, orders included."""
+    records: list[JobRecord] = []
+    seen: set[str] = set()
+    for original in jobs:
+        assert original.id not in seen
+        seen.add(original.id)
+        job = original.copy()
+        check_record(job)
+        records.append(job)
+    worker_records = list(workers)
+    clock = max(
+        [job.updated_at for job in records] + [worker.last_seen for worker in worker_records],
+        default=0.0,
+    )
+    state._clock = clock
+    for record in worker_records:
+        added = state._add_worker(record.worker_id, record.subjects, record.last_seen)
+        added.credit = record.credit
+    records.sort(key=lambda job: (job.updated_at, job.seq))
+    counts = state._counts
+    for job in sorted(records, key=lambda job: job.seq):
+        queue = state._queue(job.exec)
+        job.exec = queue.exec
+        job.client_id = state._client(job.client_id).client_id
+        state._jobs[job.id] = job
+        counts[job.status.value] += 1
+        state._bump_seq(job.seq)
+        if job.status is JobStatus.QUEUED:
+            state._place(job, queue)
+    for job in records:
+        if job.status is JobStatus.RUNNING:
+            running_on = state._worker_for(job.worker_id or "", clock)
+            running_on.running[job.id] = job
+            state._queues[job.exec].running += 1
+            state._clients[job.client_id].inflight += 1
+            assert job.deadline is not None
+            state._deadlines.push(job.deadline, job, counts["running"])
+        elif job.status is JobStatus.DEAD:
+            state._dead[job.id] = job
+        elif job.status is not JobStatus.QUEUED:
+            state._finished.append(job)
+
+
+def internals(d: DispatcherState) -> dict[str, Any]:
+    """Everything a restore builds, in the order it holds it (`state_view` sorts)."""
+    return {
+        "jobs": [(job_id, job.to_dict()) for job_id, job in d._jobs.items()],
+        "finished": [job.id for job in d._finished],
+        "dead": list(d._dead),
+        "queues": [(q.exec, q.ready, q.delayed, q.running) for q in d._queues.values()],
+        "rotation": [queue.exec for queue in d._rotation],
+        "clients": [(c.client_id, c.cap, c.inflight) for c in d._clients.values()],
+        "workers": [
+            (w.worker_id, w.subjects, w.credit, w.last_seen, list(w.running))
+            for w in d._workers.values()
+        ],
+        "deadlines": [(at, n, job.id) for at, n, job in d._deadlines.heap],
+        "delays": [(at, seq, job.id) for at, seq, job in d._delays.heap],
+        "clock": d._clock,
+        "seqs": (d._next_seq, d._front_seq, d._assign_seq),
+        "counts": dict(d._counts),
+    }
+
+
+def eventful_leader() -> Dispatcher:
+    """Every status, ties in `updated_at`, requeued (negative) seqs, two exec queues whose
+    first jobs by seq are not in name order, a delayed job, two workers with running jobs."""
+    d = make(ack_timeout_s=30.0, max_attempts=2, default_cap=100)
+    execs = ["zeta.run", "alpha.run"]
+    d.submit_many([request(f"j{n:02}", execs[n % 2], client_id=f"c{n % 3}") for n in range(16)], T0)
+    d.submit(request("later", "alpha.run", delay_s=500.0), T0)
+    worker(d, "w1", credits=5, now=T0 + 1)
+    worker(d, "w2", credits=5, now=T0 + 1)
+    running = [job for job in d.jobs() if job.status is JobStatus.RUNNING]
+    acks = [(job.id, job.attempts, job.lease or "", {"n": job.id}) for job in running[:4]]
+    d.ack_many(acks, T0 + 2)  # four jobs finish at the same instant
+    for job in running[4:6]:
+        d.fail(job.id, job.attempts, job.lease or "", T0 + 3, error="bad", retryable=False)
+    d.cancel("j15", T0 + 3)
+    d.lose_worker("w2", T0 + 4)  # its jobs go back to the front (negative seqs)
+    worker(d, "w3", credits=3, now=T0 + 5)
+    statuses = {job.status for job in d.jobs()}
+    assert statuses == set(JobStatus), statuses
+    return d
+
+
+def test_restore_builds_what_the_one_by_one_restore_built() -> None:
+    old = eventful_leader()
+    rows = snapshot(old)
+    expected = Dispatcher(old.config, epoch=old.epoch)
+    reference_load(expected, rows)
+    for seed in range(6):
+        shuffled = snapshot(old)
+        random.Random(seed).shuffle(shuffled)
+        for owned in (False, True):
+            new = Dispatcher.restore(shuffled, config=old.config, epoch=old.epoch, owned=owned)
+            check_invariants(new)
+            assert internals(new) == internals(expected), (seed, owned)
+    # And it goes on the same way: the same jobs to the same workers, in the same order.
+    new = Dispatcher.restore(snapshot(old), config=old.config, epoch=old.epoch)
+    for d in (new, expected):
+        d.begin_epoch(old.epoch + 1, T0 + 6)
+        worker(d, "w1", credits=20, now=T0 + 7)
+    assert assigned_ids(worker(new, "w9", credits=50, now=T0 + 8)) == assigned_ids(
+        worker(expected, "w9", credits=50, now=T0 + 8)
+    )
+    assert internals(new) == internals(expected)
+
+
+def test_restore_breaks_ties_of_seq_as_the_one_by_one_restore_did() -> None:
+    # Never written by a leader (seqs are unique), but restore accepts it: same ties, same state.
+    old = eventful_leader()
+    rows = sorted(snapshot(old), key=lambda job: job.updated_at, reverse=True)
+    for row in rows:
+        row.seq = abs(row.seq) // 3
+    expected = Dispatcher(old.config)
+    reference_load(expected, rows)
+    assert internals(Dispatcher.restore(rows, config=old.config)) == internals(expected)
+
+
+def test_restore_lists_jobs_by_seq_and_finished_jobs_by_time_then_seq() -> None:
+    old = eventful_leader()
+    rows = snapshot(old)
+    random.Random(3).shuffle(rows)
+    new = Dispatcher.restore(rows, config=old.config)
+    by_seq = sorted(rows, key=lambda job: job.seq)
+    by_time = sorted(rows, key=lambda job: (job.updated_at, job.seq))
+    assert [job.id for job in new.jobs()] == [job.id for job in by_seq]
+    closed = (JobStatus.SUCCEEDED, JobStatus.CANCELLED)
+    assert [job.id for job in new.latest_finished(100)] == [
+        job.id for job in reversed(by_time) if job.status in closed
+    ]
+    assert [job.id for job in new.dead_letters()] == [
+        job.id for job in by_time if job.status is JobStatus.DEAD
+    ]
+
+
+def test_owned_records_give_the_same_state_as_copies_and_are_the_ones_held() -> None:
+    old, _ = busy_leader()
+    copied = Dispatcher.restore(snapshot(old), config=old.config, epoch=old.epoch)
+    rows = snapshot(old)
+    owned = Dispatcher.restore(rows, config=old.config, epoch=old.epoch, owned=True)
+    check_invariants(owned)
+    assert internals(owned) == internals(copied)
+    assert state_view(owned) == state_view(copied)
+    assert state_view(owned)["jobs"] == state_view(old)["jobs"]
+    assert all(owned.job_view(row.id) is row for row in rows)
+
+
+def test_records_not_owned_are_not_shared_with_the_caller() -> None:
+    old, _ = busy_leader()
+    rows = snapshot(old)
+    before = [row.to_dict() for row in rows]
+    new = Dispatcher.restore(rows, config=old.config, epoch=old.epoch)
+    assert all(new.job_view(row.id) is not row for row in rows)
+    running = next(job for job in new.jobs() if job.status is JobStatus.RUNNING)
+    new.begin_epoch(old.epoch + 1, T0 + 2)
+    new.ack(running.id, running.attempts, running.lease or "", T0 + 3, result="ok")
+    assert [row.to_dict() for row in rows] == before, "the dispatcher changed the caller's rows"
+    for row in rows:
+        row.priority = 7
+    assert all(job.priority == 0 for job in new.jobs()), "the caller changed the dispatcher"
+
+
+def test_jobs_share_one_string_per_exec_and_client() -> None:
+    old = eventful_leader()
+    rows = snapshot(old)
+    for row in rows:  # equal strings, distinct objects (as read from a table)
+        row.exec = "".join(row.exec)
+        row.client_id = "".join(row.client_id)
+    assert len({id(row.exec) for row in rows}) == len(rows)
+    new = Dispatcher.restore(rows, owned=True)
+    for name in ("exec", "client_id"):
+        values = [getattr(job, name) for job in new.jobs()]
+        assert len({id(value) for value in values}) == len(set(values)) > 1, name
+
+
+def broken(status: JobStatus, **fields: Any) -> JobRecord:
+    job = JobRecord(
+        id=f"{status.value}-{'-'.join(fields)}", client_id="c", exec="a.b", payload=None,
+        max_attempts=2, timeout_s=5.0, submitted_at=T0, updated_at=T0, seq=1, status=status,
+        attempts=1, worker_id=None if status is JobStatus.QUEUED else "w",
+        lease="1.1" if status is JobStatus.RUNNING else None,
+        deadline=T0 + 5 if status is JobStatus.RUNNING else None,
+        dead_reason=DeadReason.ACK_TIMEOUT if status is JobStatus.DEAD else None,
+    )  # fmt: skip
+    for name, value in fields.items():
+        setattr(job, name, value)
+    return job
+
+
+INCONSISTENT = [
+    broken(status, **fields)
+    for status in JobStatus
+    for fields in (
+        {"attempts": 3},
+        {"deadline": T0 + 1.0, "lease": "1.1", "worker_id": "w"},
+        {"deadline": None},
+        {"dead_reason": DeadReason.WORKER_LOST},
+        {"dead_reason": None},
+        {"worker_id": "w"},
+        {"attempts": 0},
+        {"lease": None},
+    )
+]
+"""Records of every status with one field changed; some of them are still consistent."""
+
+
+@pytest.mark.parametrize("record", INCONSISTENT, ids=lambda job: job.id)
+def test_restore_accepts_exactly_what_check_record_accepts(record: JobRecord) -> None:
+    try:
+        check_record(record)
+    except ValueError as error:
+        with pytest.raises(ValueError) as refused:
+            Dispatcher.restore([record], owned=True)
+        assert str(refused.value) == str(error)
+    else:
+        assert len(Dispatcher.restore([record], owned=True)) == 1
+
+
+def test_restore_names_the_first_bad_record_in_the_given_order() -> None:
+    old, _ = busy_leader()
+    rows = snapshot(old)
+    bad = broken(JobStatus.SUCCEEDED, deadline=T0)
+    with pytest.raises(ValueError, match=r"\.deadline: only a running job"):
+        Dispatcher.restore([*rows, bad, rows[0]])
+    with pytest.raises(ValueError, match="appears twice"):
+        Dispatcher.restore([*rows, rows[0], bad], owned=True)
+    with pytest.raises(ValueError, match="expected JobRecord, got dict"):
+        Dispatcher.restore([rows[0], rows[1].to_dict(), bad])  # type: ignore[list-item]
+    status_as_text = rows[0].copy()
+    status_as_text.status = "succeeded"  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="not a JobStatus"):
+        Dispatcher.restore([status_as_text])
+
+
+def test_a_refused_snapshot_changes_neither_the_state_nor_owned_records() -> None:
+    old, _ = busy_leader()
+    rows = [*snapshot(old), broken(JobStatus.CANCELLED, attempts=5)]
+    for row in rows:
+        row.exec = "".join(row.exec)
+    before = [(row.to_dict(), id(row.exec)) for row in rows]
+    state = make()
+    empty = internals(state)
+    with pytest.raises(ValueError, match="exceeds max_attempts"):
+        load_snapshot(state, rows, owned=True)
+    assert internals(state) == empty
+    assert [(row.to_dict(), id(row.exec)) for row in rows] == before

@@ -220,3 +220,72 @@ def test_the_columnar_reader_equals_the_validating_one() -> None:
     table = pa.Table.from_pylist(rows, schema=t.SCHEMAS[t.JOBS])
     assert records_from_arrow(table) == [record_from_row(row) for row in rows]
     assert {job.status for job in records_from_arrow(table)} >= {JobStatus.DEAD}
+
+
+def columnar_rows() -> list[dict[str, Any]]:
+    return list(fold_in_batches(random_workload(5), random.Random(5), 50).jobs.values())
+
+
+def test_the_columnar_reader_reads_chunked_columns_and_nulls_as_the_validating_one() -> None:
+    import pyarrow as pa
+
+    from streaming import tables as t
+    from streaming.fold import record_from_row, records_from_arrow
+
+    rows = columnar_rows()
+    rows[0] = {**rows[0], "payload": '{"text":"\u00e9t\u00e9 \u2603","n":[1,null]}'}
+    rows[1] = {**rows[1], "payload": "null"}  # JSON null and NULL both read as None
+    rows[2] = {**rows[2], "payload": None}
+    schema = t.SCHEMAS[t.JOBS]
+    # Chunks as Delta files give them: a value of a shared column may first appear in any one.
+    chunks = [rows[:3], rows[3:4], [], rows[4 : len(rows) // 2], rows[len(rows) // 2 :]]
+    table = pa.concat_tables([pa.Table.from_pylist(chunk, schema=schema) for chunk in chunks])
+    assert table.column("status").num_chunks > 1
+    records = records_from_arrow(table)
+    assert records == [record_from_row(row) for row in rows]
+    assert records[0].payload == {"text": "\u00e9t\u00e9 \u2603", "n": [1, None]}
+    assert records[1].payload is None and records[2].payload is None
+    reasons = {job.dead_reason for job in records}
+    assert None in reasons and len(reasons) > 1 and None in {job.worker_id for job in records}
+    # Columns of few values share one object per value, as the core interns them anyway.
+    for name in ("exec", "client_id", "status", "worker_id"):
+        values = [getattr(job, name) for job in records]
+        assert len({id(value) for value in values}) == len(set(values)), name
+
+
+def test_the_columnar_reader_of_an_empty_table_and_of_one_value_per_column() -> None:
+    import pyarrow as pa
+
+    from streaming import tables as t
+    from streaming.fold import record_from_row, records_from_arrow
+
+    schema = t.SCHEMAS[t.JOBS]
+    assert records_from_arrow(pa.Table.from_pylist([], schema=schema)) == []
+    row = columnar_rows()[0]
+    rows = [{**row, "id": f"j{n}", "seq": n} for n in range(3)]
+    records = records_from_arrow(pa.Table.from_pylist(rows, schema=schema))
+    assert records == [record_from_row(row) for row in rows]
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "error"),
+    [
+        ("status", "sleeping", KeyError),
+        ("status", None, KeyError),
+        ("dead_reason", "bored", KeyError),
+        ("payload", "1,2", ValueError),
+        ("result", "{", ValueError),
+    ],
+)
+def test_the_columnar_reader_refuses_what_no_record_has(
+    column: str, value: str | None, error: type[Exception]
+) -> None:
+    import pyarrow as pa
+
+    from streaming import tables as t
+    from streaming.fold import records_from_arrow
+
+    rows = columnar_rows()
+    rows[3] = {**rows[3], column: value}
+    with pytest.raises(error):
+        records_from_arrow(pa.Table.from_pylist(rows, schema=t.SCHEMAS[t.JOBS]))

@@ -60,7 +60,10 @@ def test_the_snapshot_is_the_last_batch_commit_of_the_group(tmp_path: Path) -> N
     snapshot = latest_snapshot(tmp_path, "g")
     assert snapshot is not None
     assert snapshot.version == 1 and snapshot.batch_id == 1
-    assert sorted(job.id for job in snapshot.jobs) == ["a", "b"]
+    assert sorted(snapshot.jobs, key=lambda job: job.id) == [
+        record("a"),
+        record("b", JobStatus.CANCELLED),
+    ]
     assert snapshot.jobs[0].payload == {"p": 1}
     assert snapshot.events_topic == "ev" and snapshot.offsets == {0: 41}
     assert snapshot.fence_epoch == 4 and snapshot.app_id == "app"
@@ -73,3 +76,12 @@ def test_no_snapshot_without_a_batch_commit(tmp_path: Path) -> None:
     assert latest_snapshot(tmp_path, "g") is None
     commit(tmp_path, [record("a")], "g", None)
     assert latest_snapshot(tmp_path, "g") is None
+
+
+def test_each_snapshot_reads_records_of_its_own(tmp_path: Path) -> None:
+    # A leader's restore takes them (owned=True) and mutates them.
+    commit(tmp_path, [record("a"), record("b", JobStatus.CANCELLED)], "g", progress(0))
+    first, second = latest_snapshot(tmp_path, "g"), latest_snapshot(tmp_path, "g")
+    assert first is not None and second is not None and first.jobs == second.jobs
+    assert not {id(job) for job in first.jobs} & {id(job) for job in second.jobs}
+    assert not {id(job.payload) for job in first.jobs} & {id(job.payload) for job in second.jobs}

@@ -354,6 +354,12 @@ def freshness(
 # --- MERGE cost against history -----------------------------------------------------------------
 
 
+def _median_metric(metrics: list[dict[str, Any]], name: str) -> float:
+    """The median of one operation metric over commits (0 when none has it)."""
+    values = [float(m[name]) for m in metrics if name in m]
+    return statistics.median(values) if values else 0.0
+
+
 @dataclass
 class MergeResult:
     history: int
@@ -362,6 +368,8 @@ class MergeResult:
     jobs_merge_s: dict[str, float]
     batch_total_s: dict[str, float]
     stats_write_s: dict[str, float]
+    merge_files_scanned_median: float
+    merge_files_skipped_median: float
     merge_files_removed_median: float
     merge_scan_ms_median: float
     history_load_s: float
@@ -505,10 +513,11 @@ def merge_cost(
         jobs_merge_s=percentiles([h.jobs_merge_s for h in measured]),
         batch_total_s=percentiles([h.total_s for h in measured]),
         stats_write_s=percentiles([h.stats_write_s for h in measured]),
-        merge_files_removed_median=statistics.median(
-            int(m.get("numTargetFilesRemoved", 0)) for m in metrics
-        ),
-        merge_scan_ms_median=statistics.median(int(m.get("scanTimeMs", 0)) for m in metrics),
+        # delta-rs's MERGE metrics (the batch's MERGE is delta-rs's).
+        merge_files_scanned_median=_median_metric(metrics, "num_target_files_scanned"),
+        merge_files_skipped_median=_median_metric(metrics, "num_target_files_skipped_during_scan"),
+        merge_files_removed_median=_median_metric(metrics, "num_target_files_removed"),
+        merge_scan_ms_median=_median_metric(metrics, "scan_time_ms"),
         history_load_s=round(history_load_s, 1),
         snapshot_load_s=round(snapshot_load_s, 2),
         snapshot_jobs=len(snapshot.jobs) if snapshot else 0,

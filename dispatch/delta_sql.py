@@ -9,12 +9,13 @@ layouts. Results come back with plain `string` / `binary` columns, which every p
 and `to_pylist` handle.
 
 A read without a filter (`to_pyarrow_table()`, `to_pyarrow_dataset().to_table(columns=...)`)
-is safe: pyarrow casts each file to the table's schema.
+is safe: pyarrow casts each file to the table's schema. Keep the SQL small: DataFusion
+overflows its stack (a segfault) on an IN list of ~50k literals (deltalake 1.6.6); match large
+sets of keys after an unfiltered read instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -26,14 +27,6 @@ if TYPE_CHECKING:
 def sql_text(value: str) -> str:
     """A SQL string literal."""
     return "'" + value.replace("'", "''") + "'"
-
-
-def sql_in(column: str, values: Iterable[str]) -> str:
-    """`column IN (...)` over string values; FALSE for none (`IN ()` is not SQL)."""
-    literals = [sql_text(value) for value in values]
-    if not literals:
-        return "FALSE"
-    return f"{column} IN ({', '.join(literals)})"
 
 
 def plain_types(table: pa.Table) -> pa.Table:

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from dispatch.delta_sql import query, sql_in
 from streaming import tables as t
 from streaming.decode import (
     KafkaRow,
@@ -322,10 +322,16 @@ class BatchWriter:
         closed one in a batch with `pruned` events (a pruned id may be submitted again)."""
         if not keys:
             return {}
-        condition = sql_in('"id"', sorted({job_id for _, job_id in keys}))
-        if not include_closed:
-            condition = f"\"part\" = '{OPEN}' AND {condition}"
-        found = query(self.commits.table(t.JOBS), "jobs", f"SELECT * FROM jobs WHERE {condition}")
+        # The partition is pruned by delta-rs (from the log); the ids are matched after the
+        # read, not pushed down: pyarrow's pushdown fails on files delta-rs's MERGE wrote
+        # (`string_view`, see dispatch/delta_sql.py), and DataFusion overflows its stack on
+        # an IN list of tens of thousands of ids (a segfault at ~50k, deltalake 1.6.6).
+        dataset = self.commits.table(t.JOBS).to_pyarrow_dataset(
+            file_pruning_predicate=None if include_closed else [("part", "=", OPEN)]
+        )
+        read = dataset.to_table()
+        ids = pa.array(sorted({job_id for _, job_id in keys}), pa.string())
+        found = read.filter(pc.is_in(read["id"], value_set=ids))
         current: dict[JobKey, JobState] = {}
         for row in found.to_pylist():
             key, state = job_state(row)

@@ -3,9 +3,11 @@ beside the raw kafka-python produce→consume rate of the same records on the sa
 
 What runs: the broker of the local stack if one answers, else a temporary one; fresh topics;
 `dispatch serve` as a process of its own (as in production, it does not share a GIL with the
-load); W WebSocket workers and a batch submitter in this process. Latencies come from the
-committed event log itself (`assigned.at` / `completed.at` minus `enqueued.at`), so they
-measure the dispatcher, not this process's scheduling.
+load); W WebSocket workers and a batch submitter in this process. Latencies are the leader's
+decision times in the committed event log (`assigned.at` / `completed.at`) minus the time the
+submit request left this process; submit→assign is also split at the job's `dispatch.submit`
+record timestamp (request→record: HTTP and the node's send; record→assign: Kafka and the
+leader's loop). One machine, one clock.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ class BenchResult:
     submit_to_assign_ms: dict[str, float]
     submit_to_complete_ms: dict[str, float]
     raw_kafka_records_per_s: float
+    submit_to_record_ms: dict[str, float]
+    """Split of submit→assign, part 1: the request left this process → the node's producer
+    stamped the job's `dispatch.submit` record (HTTP, validation, the handler's `send`)."""
+    record_to_assign_ms: dict[str, float]
+    """Part 2: the record's stamp → the leader assigned the job (the producer's linger and
+    the broker's ack, the leader's fetch, the wait for the loop's iteration in progress)."""
 
     @property
     def ratio(self) -> float:
@@ -255,6 +263,37 @@ class Load:
                 flusher.cancel()
 
 
+def record_times(settings: Settings) -> dict[str, float]:
+    """Each job's `dispatch.submit` record timestamp (the node's producer stamps it when its
+    handler sends), by job id (the record key)."""
+    consumer = KafkaConsumer(
+        settings.kafka.submit_topic,
+        bootstrap_servers=settings.kafka.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=3000,
+        client_id="bench-audit-submit",
+    )
+    try:
+        return {
+            record.key.decode(): record.timestamp / 1000.0
+            for record in consumer
+            if record.key is not None
+        }
+    finally:
+        consumer.close()
+
+
+def assigned_at(settings: Settings, ids: set[str]) -> dict[str, float]:
+    """When the leader first assigned each of `ids` (its clock, from the committed log)."""
+    found: dict[str, float] = {}
+    for batch in replay_events(settings.kafka, client_id="bench-audit-assign"):
+        for event in batch.events:
+            if isinstance(event, Assigned) and event.attempt == 1 and event.job_id in ids:
+                found.setdefault(event.job_id, event.at)
+    return found
+
+
 def latencies(
     settings: Settings, submitted_at: dict[str, float]
 ) -> tuple[list[float], list[float]]:
@@ -313,12 +352,18 @@ def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payloa
                 node.kill()
                 node.wait()
         to_assign, to_complete = latencies(run, load.submitted_at)
+        recorded = record_times(run)
+        assigned = assigned_at(run, set(recorded))
+        to_record = [recorded[i] - sent for i, sent in load.submitted_at.items() if i in recorded]
+        record_to_assign = [at - recorded[i] for i, at in assigned.items()]
         return BenchResult(
             jobs=jobs, workers=workers, payload_bytes=payload_bytes, rate_limit=rate,
             seconds=round(elapsed, 3), jobs_per_s=round(jobs / elapsed, 1),
             submit_to_assign_ms=percentiles(to_assign),
             submit_to_complete_ms=percentiles(to_complete),
             raw_kafka_records_per_s=round(raw, 1),
+            submit_to_record_ms=percentiles(to_record),
+            record_to_assign_ms=percentiles(record_to_assign),
         )  # fmt: skip
 
 

@@ -182,6 +182,8 @@ def bench(
     table.add_row("ratio", f"{result.ratio:.2f}")
     for name, figures in (
         ("submit→assign ms", result.submit_to_assign_ms),
+        ("  request→record ms", result.submit_to_record_ms),
+        ("  record→assign ms", result.record_to_assign_ms),
         ("submit→complete ms", result.submit_to_complete_ms),
     ):
         table.add_row(name, "  ".join(f"{key} {value:g}" for key, value in figures.items()))

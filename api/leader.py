@@ -62,7 +62,7 @@ def preload_rebuild_modules() -> None:
 
 
 @contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
+def collector_paused(*, freeze: bool = True) -> Iterator[None]:
     """No garbage collection during a rebuild, and what it built frozen afterwards.
 
     A rebuild allocates a million records, their payload and result dicts, and indexes, all
@@ -73,7 +73,7 @@ def collector_paused() -> Iterator[None]:
     every waiting request sees). Frozen objects are still freed by reference counting (a
     pruned job is); `Leader.stop` unfreezes them so that the term's state, which holds
     reference cycles, can be collected once the term ends. Nothing is frozen if the rebuild
-    fails."""
+    fails, nor with `freeze=False` (the collector is only paused)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -81,7 +81,8 @@ def collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-    gc.freeze()
+    if freeze:
+        gc.freeze()
 
 
 class LeaderUnavailable(Exception):

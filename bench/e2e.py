@@ -284,33 +284,23 @@ def record_times(settings: Settings) -> dict[str, float]:
         consumer.close()
 
 
-def assigned_at(settings: Settings, ids: set[str]) -> dict[str, float]:
-    """When the leader first assigned each of `ids` (its clock, from the committed log)."""
-    found: dict[str, float] = {}
-    for batch in replay_events(settings.kafka, client_id="bench-audit-assign"):
-        for event in batch.events:
-            if isinstance(event, Assigned) and event.attempt == 1 and event.job_id in ids:
-                found.setdefault(event.job_id, event.at)
-    return found
-
-
-def latencies(
-    settings: Settings, submitted_at: dict[str, float]
-) -> tuple[list[float], list[float]]:
-    """Submit→assign and submit→complete of every job: the submit time is when the request
-    left this process, the others are the leader's decision times in the committed log."""
-    to_assign: list[float] = []
-    to_complete: list[float] = []
+def decision_times(settings: Settings) -> tuple[dict[str, float], dict[str, float]]:
+    """When the leader first assigned and when it completed each job (its clock, from the
+    committed log), by job id: one replay of the log serves every latency."""
+    assigned: dict[str, float] = {}
+    completed: dict[str, float] = {}
     for batch in replay_events(settings.kafka, client_id="bench-audit"):
         for event in batch.events:
-            submitted = submitted_at.get(getattr(event, "job_id", ""))
-            if submitted is None:
-                continue
             if isinstance(event, Assigned) and event.attempt == 1:
-                to_assign.append(event.at - submitted)
+                assigned.setdefault(event.job_id, event.at)
             elif isinstance(event, Completed):
-                to_complete.append(event.at - submitted)
-    return to_assign, to_complete
+                completed.setdefault(event.job_id, event.at)
+    return assigned, completed
+
+
+def since(start: dict[str, float], end: dict[str, float]) -> list[float]:
+    """`end - start` for every job in both."""
+    return [at - start[job_id] for job_id, at in end.items() if job_id in start]
 
 
 def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payload_bytes: int,
@@ -351,19 +341,17 @@ def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payloa
             except subprocess.TimeoutExpired:
                 node.kill()
                 node.wait()
-        to_assign, to_complete = latencies(run, load.submitted_at)
+        assigned, completed = decision_times(run)
         recorded = record_times(run)
-        assigned = assigned_at(run, set(recorded))
-        to_record = [recorded[i] - sent for i, sent in load.submitted_at.items() if i in recorded]
-        record_to_assign = [at - recorded[i] for i, at in assigned.items()]
+        sent = load.submitted_at
         return BenchResult(
             jobs=jobs, workers=workers, payload_bytes=payload_bytes, rate_limit=rate,
             seconds=round(elapsed, 3), jobs_per_s=round(jobs / elapsed, 1),
-            submit_to_assign_ms=percentiles(to_assign),
-            submit_to_complete_ms=percentiles(to_complete),
+            submit_to_assign_ms=percentiles(since(sent, assigned)),
+            submit_to_complete_ms=percentiles(since(sent, completed)),
             raw_kafka_records_per_s=round(raw, 1),
-            submit_to_record_ms=percentiles(to_record),
-            record_to_assign_ms=percentiles(record_to_assign),
+            submit_to_record_ms=percentiles(since(sent, recorded)),
+            record_to_assign_ms=percentiles(since(recorded, assigned)),
         )  # fmt: skip
 
 

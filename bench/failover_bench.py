@@ -194,8 +194,9 @@ class Submitter:
 class AckingWorkers:
     """REST workers that ack every assignment at once and note when each arrived.
 
-    Like `tests/integration/api/processes.Workers`: they follow 307s and move to the other
-    node when one does not answer; an ack that finds no node is retried on the other one."""
+    They follow 307s and move to the other node when one does not answer; an ack that finds
+    no node is retried on the other one. The HA tests use them too
+    (`tests/integration/api/processes.Workers`)."""
 
     def __init__(self, urls: Sequence[str], key: str, count: int, credits: int) -> None:
         self.urls, self.key, self.credits = list(urls), key, credits

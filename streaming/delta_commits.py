@@ -5,7 +5,7 @@ runs the dispatcher core in Python), so a Spark write means `createDataFrame` fr
 a job with its tasks and a commit — about 2 s per table on this 2-core machine, three tables per
 batch. delta-rs writes the same Arrow table in tens of milliseconds, in-process, with no JVM.
 Spark keeps what it is good at: the Kafka source, its offsets and the checkpoint (and the
-occasional roll-up, prune and maintenance).
+rare prune step and VACUUM). The stats roll-up and compaction use delta-rs too.
 
 Exactly once: a commit carries a Delta `txn` action (app id, version = the batch id), the same
 action Spark's `txnAppId` / `txnVersion` write. Spark skips a write whose version is not above
@@ -49,8 +49,7 @@ class DeltaCommits:
 
     def committed(self, name: str, app_id: str, version: int) -> bool:
         """True when `name` already holds this app's commit `version` (or a later one)."""
-        recorded = self.table(name).transaction_version(app_id)
-        return recorded is not None and recorded >= version
+        return _holds(self.table(name), app_id, version)
 
     def append(
         self, name: str, rows: pa.Table, *, app_id: str, version: int, metadata: str
@@ -59,10 +58,11 @@ class DeltaCommits:
         `userMetadata`; False (nothing written) when that commit is already in the table."""
         from deltalake import write_deltalake
 
-        if self.committed(name, app_id, version):
+        table = self.table(name)  # brought up to date once: the check and the write share it
+        if _holds(table, app_id, version):
             return False
         write_deltalake(
-            self.table(name),
+            table,
             rows,
             mode="append",
             commit_properties=_properties(app_id, version, metadata),
@@ -82,9 +82,10 @@ class DeltaCommits:
         """A MERGE of `source` (alias `s`) into `name` (alias `t`) committed as the app's
         `version`, for the caller to add its clauses to and execute; None when that commit is
         already in the table."""
-        if self.committed(name, app_id, version):
+        table = self.table(name)
+        if _holds(table, app_id, version):
             return None
-        return self.table(name).merge(
+        return table.merge(
             source,
             predicate,
             source_alias="s",
@@ -94,6 +95,11 @@ class DeltaCommits:
             streamed_exec=False,
             commit_properties=_properties(app_id, version, metadata),
         )
+
+
+def _holds(table: DeltaTable, app_id: str, version: int) -> bool:
+    recorded = table.transaction_version(app_id)
+    return recorded is not None and recorded >= version
 
 
 def _properties(app_id: str, version: int, metadata: str) -> CommitProperties:

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from bench.failover_bench import AckingWorkers
 from dispatch.settings import Settings, to_environment
 
 DISPATCH = str(Path(sys.executable).parent / "dispatch")
@@ -83,47 +83,10 @@ class ServiceProcess:
                 self.kill()
 
 
-class Workers:
+class Workers(AckingWorkers):
     """REST workers that ack everything, riding out the leader's absence: they follow 307s
-    and move to the next node when one does not answer, as the SDK does."""
+    and move to the next node when one does not answer, as the SDK does (the failover
+    benchmark's workers, 20 credits a poll)."""
 
     def __init__(self, urls: Sequence[str], key: str, count: int) -> None:
-        self.urls, self.key = list(urls), key
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._work, args=(f"w{n}",)) for n in range(count)]
-
-    def __enter__(self) -> Workers:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(30)
-
-    def _work(self, worker_id: str) -> None:
-        headers = {"Authorization": f"Bearer {self.key}"}
-        turn = 0
-        with httpx.Client(headers=headers, timeout=10, follow_redirects=True) as http:
-            while not self.stop.is_set():
-                url = self.urls[turn % len(self.urls)]
-                try:
-                    polled = http.post(
-                        f"{url}/v1/workers/{worker_id}/poll",
-                        json={"subjects": ["job.assign.>"], "credits": 20, "wait_s": 0.5},
-                    )
-                    if polled.status_code != 200:
-                        turn += 1
-                        time.sleep(0.2)
-                        continue
-                    assignments = polled.json()["assignments"]
-                    if assignments:
-                        acks = [
-                            {"id": a["id"], "attempt": a["attempt"], "lease": a["lease"]}
-                            for a in assignments
-                        ]
-                        http.post(f"{url}/v1/jobs:ack", json={"acks": acks})
-                except httpx.TransportError:
-                    turn += 1
-                    time.sleep(0.2)  # that node is down: try the next, as the SDK would
+        super().__init__(urls, key, count, credits=20)

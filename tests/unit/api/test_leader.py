@@ -165,15 +165,22 @@ def jobs_of(core: Dispatcher) -> dict[str, dict[str, Any]]:
     return {job.id: job.to_dict() for job in core.jobs()}
 
 
-def test_a_rebuild_takes_the_snapshots_records_and_replays_the_tail(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def rebuilt(monkeypatch: pytest.MonkeyPatch, *, trimmed: bool) -> tuple[Leader, Log, Snapshot]:
+    """A leader rebuilt from `busy_log`'s snapshot and log (the log's head removed by
+    retention if `trimmed`); returns it with the log and the snapshot."""
     settings = load_settings()
     log, snapshot = busy_log(settings)
     monkeypatch.setattr(streaming.snapshot, "latest_snapshot", lambda warehouse, group: snapshot)
-    monkeypatch.setattr(api.leader, "replay_events", log.replay())
+    monkeypatch.setattr(api.leader, "replay_events", log.replay(trimmed=trimmed))
     leader = new_leader(settings)
     leader._rebuild("c1")
+    return leader, log, snapshot
+
+
+def test_a_rebuild_takes_the_snapshots_records_and_replays_the_tail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    leader, log, snapshot = rebuilt(monkeypatch, trimmed=False)
     assert jobs_of(leader.core) == jobs_of(log.core)
     assert leader.core.epoch == 1 and leader.replayed_batches == 2
     assert leader.rebuilt_from == "snapshot v4 (3 jobs)"
@@ -185,12 +192,7 @@ def test_a_rebuild_takes_the_snapshots_records_and_replays_the_tail(
 def test_a_snapshot_behind_the_logs_retention_means_a_full_replay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings = load_settings()
-    log, snapshot = busy_log(settings)
-    monkeypatch.setattr(streaming.snapshot, "latest_snapshot", lambda warehouse, group: snapshot)
-    monkeypatch.setattr(api.leader, "replay_events", log.replay(trimmed=True))
-    leader = new_leader(settings)
-    leader._rebuild("c1")
+    leader, log, snapshot = rebuilt(monkeypatch, trimmed=True)
     assert jobs_of(leader.core) == jobs_of(log.core)
     assert leader.replayed_batches == len(log.batches)
     assert leader.rebuilt_from == "full log (the snapshot is behind the log's retention)"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import weakref
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -11,6 +10,7 @@ from typing import Any
 import pytest
 
 import api.node
+from api.leader import collector_paused
 from api.node import Node
 from dispatch.settings import load_settings
 
@@ -25,13 +25,8 @@ class Cycle:
 @pytest.fixture
 def collector_off() -> Iterator[None]:
     """Only explicit collections free cycles (none triggered by allocations)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused(freeze=False):
         yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def test_a_terms_state_is_collected_before_the_next_term_starts(

@@ -31,7 +31,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.kafka_log import EventLog, SnapshotBehindLog, SubmitReader, replay_events
+from api.kafka_log import (
+    EventLog,
+    SnapshotBehindLog,
+    SubmitReader,
+    last_submit_position,
+    replay_events,
+)
 from api.metrics import Metrics
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import Rejected
@@ -47,6 +53,10 @@ IDLE_POLL_MS = 5
 
 PRUNE_EVERY_S = 60.0
 """How often finished jobs older than the dedup window are forgotten (memory stays bounded)."""
+
+GROUP_OFFSETS_EVERY_S = 1.0
+"""How often the submit position also goes to the consumer group's offsets (for monitoring
+tools; the position of record rides in the events log, see `api.kafka_log`)."""
 
 
 REBUILD_MODULES = ("streaming.snapshot", "pyarrow.dataset")
@@ -159,6 +169,10 @@ class Leader:
         """How the rebuild started: "snapshot v<version>" or "full log" (and why)."""
         self._next_prune = 0.0
         self.replayed_batches = 0
+        self.submit_position: dict[int, int] | None = None
+        """Where the log says reading `dispatch.submit` goes on (None: the log never said)."""
+        self._group_offsets: dict[int, int] = {}
+        self._next_group_offsets = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -170,12 +184,14 @@ class Leader:
         self._log = EventLog(kafka, self.group, client_id=client_id)
         with collector_paused():
             self._rebuild(client_id)
-        self._reader = SubmitReader(kafka, self.group, client_id=client_id)
+        self._reader = SubmitReader(
+            kafka, self.group, client_id=client_id, position=self.submit_position
+        )
         now = time.time()
         epoch = self.epoch_for(self.core.fence.epoch)
         events = self.core.begin_epoch(epoch, now, holder=self.node_id)
         events += self.core.resume(now)
-        self._commit(events, [], {})
+        self._commit(events, [], moved=False, now=now)
         self.listener.committed(self.core, events)
         self.rebuild_s = time.monotonic() - started
         log.info(
@@ -217,6 +233,12 @@ class Leader:
             self.rebuilt_from = "full log (no snapshot yet)"
         try:
             self._replay(client_id, start)
+            if start is not None and self.submit_position is None:
+                # Nothing committed since the snapshot: the position as it was then is in
+                # the log's last record before it.
+                self.submit_position = last_submit_position(
+                    settings.kafka, self.group, client_id=f"{client_id}-replay", before=start
+                )
         except SnapshotBehindLog as gap:
             log.warning(
                 "leader %s: %s; the log was trimmed past the snapshot: full replay",
@@ -227,6 +249,7 @@ class Leader:
             # it now rather than let `collector_paused` freeze it with the new one.
             gc.collect()
             self.replayed_batches = 0
+            self.submit_position = None
             self.rebuilt_from = "full log (the snapshot is behind the log's retention)"
             self._replay(client_id, None)
 
@@ -236,6 +259,8 @@ class Leader:
             if batch.group == self.group:
                 self.core.apply_all(batch.events)
                 self.replayed_batches += 1
+                if batch.submit is not None:
+                    self.submit_position = batch.submit
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping.set()
@@ -328,10 +353,10 @@ class Leader:
         if now >= self._next_prune:
             self._next_prune = now + PRUNE_EVERY_S
             events += core.prune(now - self.settings.dispatcher.dedup_window_s, now)
-        offsets = self._reader.take_offsets()
-        if events or rejections or offsets:
+        moved = self._reader.take_moved()
+        if events or rejections or moved or now >= self._next_group_offsets:
             try:
-                self._commit(events, rejections, offsets)
+                self._commit(events, rejections, moved=moved, now=now)
             except BaseException as error:
                 # Decided but not durable: none of these may be answered as done.
                 for command, _ in decided:
@@ -346,18 +371,34 @@ class Leader:
             self.listener.committed(core, events)
 
     def _commit(
-        self, events: list[Event], rejections: list[bytes], offsets: dict[Any, int]
+        self, events: list[Event], rejections: list[bytes], *, moved: bool, now: float
     ) -> None:
-        assert self._log is not None
+        """Commit what was decided, the submit position in the events log (when submissions
+        were consumed, or with any events), and about once a second the group's offsets."""
+        assert self._log is not None and self._reader is not None
+        position = self._reader.position
+        group_offsets = None
+        if now >= self._next_group_offsets:
+            self._next_group_offsets = now + GROUP_OFFSETS_EVERY_S
+            if position != self._group_offsets:
+                group_offsets = dict(position)
+        if not (events or rejections or moved or group_offsets):
+            return
         if time.time() >= self.serving_until():
             # Another node may already see this lease as expired and take over: nothing
             # decided now may become durable (Kafka's fencing would refuse it anyway once
             # the new leader initialised, but it may not have yet).
             raise LeaseExpired(f"leader {self.node_id}: lease not renewed in time")
-        records = encode_batches(self.group, self.core.epoch, events) if events else []
+        records = []
+        if events or moved:
+            # An iteration that consumed only bad or duplicate submissions writes a record
+            # with no events, for the position alone.
+            records = encode_batches(self.group, self.core.epoch, events, submit=position)
         started = time.perf_counter()
-        self._log.commit(records, rejections, offsets)
+        self._log.commit(records, rejections, group_offsets)
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
+        if group_offsets is not None:
+            self._group_offsets = group_offsets
 
     def _fail_waiting(self, error: BaseException | None) -> None:
         reason = LeaderUnavailable(f"leader stopped: {error!r}" if error else "leader stopped")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dispatch.core.events import Assigned, Enqueued, WorkerJoined
+from dispatch.core.events import Assigned, Enqueued, Event, WorkerJoined
 from dispatch.event_records import decode_batch, encode_batch, encode_batches
 
 
@@ -37,6 +37,22 @@ def test_a_batch_round_trips_in_order() -> None:
             json.dumps({"v": 1, "group": "g", "epoch": 1, "events": [{"type": "nope"}]}).encode(),
             r"events\[0\]",
         ),
+        (
+            json.dumps({"v": 1, "group": "g", "epoch": 1, "submit": [3], "events": []}).encode(),
+            "submit",
+        ),
+        (
+            json.dumps(
+                {"v": 1, "group": "g", "epoch": 1, "submit": {"0": -1}, "events": []}
+            ).encode(),
+            r"submit\['0'\]",
+        ),
+        (
+            json.dumps(
+                {"v": 1, "group": "g", "epoch": 1, "submit": {"x": 1}, "events": []}
+            ).encode(),
+            r"submit\['x'\]",
+        ),
     ],
 )
 def test_a_malformed_record_names_what_is_wrong(raw: bytes, part: str) -> None:
@@ -44,14 +60,18 @@ def test_a_malformed_record_names_what_is_wrong(raw: bytes, part: str) -> None:
         decode_batch(raw)
 
 
-def test_many_events_split_into_records_of_bounded_size_in_order() -> None:
-    events = [
+def enqueued(count: int) -> list[Event]:
+    return [
         Enqueued(
             epoch=1, at=float(n), job_id=f"j{n}", client_id="c", exec="a.b", payload="x" * 500,
             max_attempts=5, timeout_s=30.0, seq=n,
         )
-        for n in range(100)
+        for n in range(count)
     ]  # fmt: skip
+
+
+def test_many_events_split_into_records_of_bounded_size_in_order() -> None:
+    events = enqueued(100)
     records = encode_batches("g", 1, events, max_bytes=10_000)
     assert len(records) > 5
     assert all(len(record) <= 10_000 for record in records)
@@ -66,3 +86,18 @@ def test_an_event_larger_than_the_bound_still_gets_a_record_of_its_own() -> None
     )  # fmt: skip
     records = encode_batches("g", 1, [big, big], max_bytes=1000)
     assert [decode_batch(record).events for record in records] == [[big], [big]]
+
+
+def test_the_submit_position_rides_on_the_last_record_of_a_commit_only() -> None:
+    events = enqueued(40)
+    records = encode_batches("g", 1, events, max_bytes=10_000, submit={0: 41, 2: 7})
+    batches = [decode_batch(record) for record in records]
+    assert len(batches) > 1
+    assert [batch.submit for batch in batches] == [None] * (len(batches) - 1) + [{0: 41, 2: 7}]
+    assert decode_batch(encode_batch("g", 1, events)).submit is None
+
+
+def test_a_commit_of_no_events_still_carries_its_position() -> None:
+    (record,) = encode_batches("g", 2, [], submit={0: 5})
+    batch = decode_batch(record)
+    assert (batch.group, batch.epoch, batch.events, batch.submit) == ("g", 2, [], {0: 5})

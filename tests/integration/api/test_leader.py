@@ -1,8 +1,11 @@
 """The leader's write-ahead log under a crash: `kill -9` the service mid-load, start it again,
-and every job accepted before the crash ends terminal, none lost, none completed twice."""
+and every job accepted before the crash ends terminal, none lost, none completed twice; and
+across a change of leader, a submission is read once even when the consumer group's offsets
+are behind (the position rides in the events log)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -10,12 +13,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from kafka import KafkaConsumer, KafkaProducer
 
+import api.leader
 from api.auth import ensure_dev_keys
 from api.kafka_log import replay_events
-from dispatch.core.events import Completed
+from dispatch.core.events import Completed, Enqueued
 from dispatch.settings import Settings
 from dispatch.stack.ports import free_port
+from tests.integration.api.conftest import start_node
 from tests.integration.api.processes import ServiceProcess, Workers
 
 pytestmark = pytest.mark.integration
@@ -67,3 +73,54 @@ def test_kill_9_mid_load_loses_nothing_and_completes_nothing_twice(service: Serv
     )
     assert set(completions) == set(accepted)
     assert max(completions.values()) == 1, "a job completed twice"
+
+
+def rejections_in(settings: Settings) -> int:
+    consumer = KafkaConsumer(
+        settings.kafka.rejected_topic,
+        bootstrap_servers=settings.kafka.bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        consumer_timeout_ms=3_000,
+    )
+    try:
+        return sum(1 for _ in consumer)
+    finally:
+        consumer.close()
+
+
+def test_a_new_leader_reads_on_where_the_log_says_though_the_group_offsets_lag(
+    api_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The group's offsets are sent with the first commit of a term and not again.
+    monkeypatch.setattr(api.leader, "GROUP_OFFSETS_EVERY_S", 3600.0)
+    kafka = api_settings.kafka
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
+    try:
+        for term, job_id in enumerate(["first", "second"]):
+            running, server, thread = start_node(api_settings)
+            try:
+                if term == 0:
+                    producer.send(kafka.submit_topic, key=b"bad", value=b"{not json").get(30)
+                good = json.dumps({"id": job_id, "exec": "a.b", "payload": None}).encode()
+                producer.send(kafka.submit_topic, key=job_id.encode(), value=good).get(30)
+                with running.client("admin") as admin:
+                    deadline = time.monotonic() + 20
+                    while admin.get(f"/v1/jobs/{job_id}").status_code != 200:
+                        assert time.monotonic() < deadline, f"{job_id} was never enqueued"
+                        time.sleep(0.1)
+            finally:
+                server.should_exit = True
+                thread.join(30)
+    finally:
+        producer.close()
+    # The second leader started after the bad record's rejection, with the group's offsets
+    # from before it: reading from those would have rejected it again.
+    assert rejections_in(api_settings) == 1
+    enqueued = [
+        event.job_id
+        for batch in replay_events(kafka, client_id="check")
+        for event in batch.events
+        if isinstance(event, Enqueued)
+    ]
+    assert sorted(enqueued) == ["first", "second"]

@@ -102,15 +102,17 @@ def test_the_modules_a_rebuild_imports_are_preloaded() -> None:
 
 
 class Log:
-    """A live core's events: the snapshot is taken after the first `cut` batches."""
+    """A live core's events, each batch carrying the submit position as the leader's commits
+    do (one partition, one offset per submitted job)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.core = Dispatcher(settings.dispatcher.core_config())
-        self.batches: list[list[Event]] = []
+        self.batches: list[tuple[list[Event], dict[int, int]]] = []
+        self.consumed = 0
 
     def add(self, events: list[Event]) -> None:
-        self.batches.append(events)
+        self.batches.append((events, {0: self.consumed}))
 
     def snapshot(self, version: int = 4) -> Snapshot:
         return Snapshot(
@@ -136,14 +138,22 @@ class Log:
             if start is not None and trimmed:
                 raise SnapshotBehindLog("retention removed offset 0")
             first = 0 if start is None else start.get(0, 0)
-            for events in self.batches[first:]:
-                yield EventBatch(group, self.core.epoch, events)
-            yield EventBatch("another-group", 9, [])
+            for events, position in self.batches[first:]:
+                yield EventBatch(group, self.core.epoch, events, position)
+            yield EventBatch("another-group", 9, [], {0: 999})
 
         return replay_events
 
+    def last_submit_position(
+        self, kafka: Any, group: str, *, client_id: str, before: dict[int, int]
+    ) -> dict[int, int] | None:
+        """`last_submit_position` over these batches."""
+        carried = [position for _, position in self.batches[: before[0]]]
+        return carried[-1] if carried and group == self.settings.dispatcher.group else None
+
 
 def submitted(log: Log, *ids: str, now: float) -> None:
+    log.consumed += len(ids)
     log.add(
         log.core.submit_many([SubmitRequest(id=i, exec="a.b", payload={"id": i}) for i in ids], now)
     )
@@ -165,13 +175,19 @@ def jobs_of(core: Dispatcher) -> dict[str, dict[str, Any]]:
     return {job.id: job.to_dict() for job in core.jobs()}
 
 
-def rebuilt(monkeypatch: pytest.MonkeyPatch, *, trimmed: bool) -> tuple[Leader, Log, Snapshot]:
-    """A leader rebuilt from `busy_log`'s snapshot and log (the log's head removed by
-    retention if `trimmed`); returns it with the log and the snapshot."""
+def rebuilt(
+    monkeypatch: pytest.MonkeyPatch, *, trimmed: bool, snapshot_at_end: bool = False
+) -> tuple[Leader, Log, Snapshot]:
+    """A leader rebuilt from `busy_log`'s snapshot (or one of the whole log, leaving no tail,
+    if `snapshot_at_end`) and log (its head removed by retention if `trimmed`); returns it
+    with the log and the snapshot."""
     settings = load_settings()
     log, snapshot = busy_log(settings)
+    if snapshot_at_end:
+        snapshot = log.snapshot()
     monkeypatch.setattr(streaming.snapshot, "latest_snapshot", lambda warehouse, group: snapshot)
     monkeypatch.setattr(api.leader, "replay_events", log.replay(trimmed=trimmed))
+    monkeypatch.setattr(api.leader, "last_submit_position", log.last_submit_position)
     leader = new_leader(settings)
     leader._rebuild("c1")
     return leader, log, snapshot
@@ -184,6 +200,7 @@ def test_a_rebuild_takes_the_snapshots_records_and_replays_the_tail(
     assert jobs_of(leader.core) == jobs_of(log.core)
     assert leader.core.epoch == 1 and leader.replayed_batches == 2
     assert leader.rebuilt_from == "snapshot v4 (3 jobs)"
+    assert leader.submit_position == {0: 4}  # the tail's last position, not another group's
     # No copy: the records read for this term are the core's own (j4 came with the tail).
     assert [leader.core.job_view(job.id) for job in snapshot.jobs] == snapshot.jobs
     assert all(leader.core.job_view(job.id) is job for job in snapshot.jobs)
@@ -196,4 +213,14 @@ def test_a_snapshot_behind_the_logs_retention_means_a_full_replay(
     assert jobs_of(leader.core) == jobs_of(log.core)
     assert leader.replayed_batches == len(log.batches)
     assert leader.rebuilt_from == "full log (the snapshot is behind the log's retention)"
+    assert leader.submit_position == {0: 4}
     assert all(leader.core.job_view(job.id) is not job for job in snapshot.jobs)
+
+
+def test_with_no_tail_after_the_snapshot_the_position_is_the_last_one_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    leader, log, _ = rebuilt(monkeypatch, trimmed=False, snapshot_at_end=True)
+    assert leader.replayed_batches == 0
+    assert jobs_of(leader.core) == jobs_of(log.core)
+    assert leader.submit_position == {0: 4}

@@ -1,0 +1,106 @@
+"""The leader's Kafka adapter against the real broker: the submit position rides in the events
+log, a new reader starts from it, and a rebuild finds it behind a snapshot's offsets."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from kafka import KafkaProducer
+
+from api.kafka_log import (
+    EventLog,
+    SubmitReader,
+    last_submit_position,
+    replay_events,
+)
+from dispatch.core.events import WorkerJoined
+from dispatch.event_records import encode_batches
+from dispatch.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+GROUP = "g1"
+
+
+@pytest.fixture
+def event_log(topics: Settings) -> Iterator[EventLog]:
+    log = EventLog(topics.kafka, GROUP, client_id="test-log")
+    try:
+        yield log
+    finally:
+        log.close()
+
+
+def submit(settings: Settings, count: int) -> None:
+    """`count` submissions, all to partition 0 of the submit topic's two."""
+    producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap, acks="all")
+    try:
+        for n in range(count):
+            value = json.dumps({"id": f"j{n}", "exec": "a.b"}).encode()
+            producer.send(
+                settings.kafka.submit_topic, key=f"j{n}".encode(), value=value, partition=0
+            )
+        producer.flush(30)
+    finally:
+        producer.close()
+
+
+def batch(group: str, at: float, submit: dict[int, int] | None) -> list[bytes]:
+    joined = WorkerJoined(epoch=1, at=at, worker_id=f"w{at}", subjects=("job.assign.>",))
+    return encode_batches(group, 1, [joined], submit=submit)
+
+
+def read_all(reader: SubmitReader, count: int) -> list[int]:
+    offsets: list[int] = []
+    for _ in range(100):
+        offsets += [record.offset for record in reader.poll(timeout_ms=200)]
+        if len(offsets) >= count:
+            break
+    return offsets
+
+
+def test_a_new_reader_starts_at_the_position_the_log_carries_not_the_groups_offsets(
+    topics: Settings, event_log: EventLog
+) -> None:
+    submit(topics, 10)
+    first = SubmitReader(topics.kafka, GROUP, client_id="test-reader-1")
+    try:
+        assert read_all(first, 10) == list(range(10))
+        assert first.take_moved() and not first.take_moved()
+        assert first.position == {0: 10, 1: 0}
+        # The group hears of offset 4 only; the log carries the whole position.
+        event_log.commit(batch(GROUP, 1.0, {0: 4, 1: 0}), [], {0: 4, 1: 0})
+        event_log.commit(batch(GROUP, 2.0, first.position), [])
+    finally:
+        first.close()
+    (*_, last) = replay_events(topics.kafka, client_id="test-replay")
+    assert last.submit == {0: 10, 1: 0}
+
+    submit(topics, 2)
+    carried = SubmitReader(topics.kafka, GROUP, client_id="test-reader-2", position=last.submit)
+    group_only = SubmitReader(topics.kafka, GROUP, client_id="test-reader-3")
+    try:
+        assert read_all(carried, 2) == [10, 11]
+        assert read_all(group_only, 8)[:2] == [4, 5]  # what the group's offsets alone give
+        assert carried.position == {0: 12, 1: 0}
+    finally:
+        carried.close()
+        group_only.close()
+
+
+def test_the_last_position_before_a_snapshot_is_found_however_far_back_it_is(
+    topics: Settings, event_log: EventLog
+) -> None:
+    event_log.commit(batch(GROUP, 1.0, {0: 3}), [])
+    event_log.commit(batch(GROUP, 2.0, {0: 7}), [])
+    # Another group's commits in the same topic, more than one backward window of them.
+    for n in range(100):
+        event_log.commit(batch("another", 10.0 + n, {0: 1000 + n}), [])
+    end = {0: sum(1 for _ in replay_events(topics.kafka, client_id="count")) * 2}
+    # Each transaction is a record and a commit marker: two offsets.
+    assert last_submit_position(topics.kafka, GROUP, client_id="t", before=end) == {0: 7}
+    assert last_submit_position(topics.kafka, GROUP, client_id="t", before={0: 2}) == {0: 3}
+    assert last_submit_position(topics.kafka, GROUP, client_id="t", before={0: 0}) is None
+    assert last_submit_position(topics.kafka, "nobody", client_id="t", before=end) is None

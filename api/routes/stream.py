@@ -215,7 +215,7 @@ async def _acks(socket: WebSocket, node: Node, worker_id: str, items: list[Any])
     refused: dict[str, Rejected] = {}
 
     def decide(core: Dispatcher, now: float) -> list[Event]:
-        events, rejections = core.ack_many(acks, now)
+        events, rejections = core.ack_many(acks, now, worker_id=worker_id)
         refused.update({rejection.job_id or "": rejection for rejection in rejections})
         return events
 

@@ -117,14 +117,21 @@ async def heartbeat(
 
 @router.post("/jobs:ack", response_model=SettledBatch)
 async def ack_batch(body: AckBatch, node: NodeDep, _principal: WorkerDep) -> SettledBatch:
-    """Many acks in one request; each is answered on its own (a stale one does not stop others)."""
+    """Many acks in one request; each is answered on its own (a stale one does not stop others,
+    nor does one naming another worker than the job's)."""
     refused: dict[str, Rejected] = {}
+    by_worker: dict[str | None, list[tuple[str, int, str, Any]]] = {}
+    for item in body.acks:
+        by_worker.setdefault(item.worker_id, []).append(
+            (item.id, item.attempt, item.lease, item.result)
+        )
 
     def decide(core: Dispatcher, now: float) -> list[Event]:
-        events, rejections = core.ack_many(
-            [(item.id, item.attempt, item.lease, item.result) for item in body.acks], now
-        )
-        refused.update({rejection.job_id or "": rejection for rejection in rejections})
+        events: list[Event] = []
+        for worker_id, acks in by_worker.items():
+            settled, rejections = core.ack_many(acks, now, worker_id=worker_id)
+            events += settled
+            refused.update({rejection.job_id or "": rejection for rejection in rejections})
         return events
 
     def answer(core: Dispatcher, _events: list[Event]) -> list[Settled]:

@@ -112,9 +112,15 @@ class SettlementCommands(Scheduler):
         return out
 
     def ack_many(
-        self, acks: Iterable[tuple[str, int, str, Any]], now: float
+        self,
+        acks: Iterable[tuple[str, int, str, Any]],
+        now: float,
+        *,
+        worker_id: str | None = None,
     ) -> tuple[list[Event], list[Rejected]]:
-        """Settle many successes at once: `acks` holds (job_id, attempt, lease, result).
+        """Settle many successes at once: `acks` holds (job_id, attempt, lease, result), all
+        from `worker_id` when given (an ack for another worker's assignment is refused as
+        stale, as `ack` refuses it).
 
         Returns (events, rejections): one `completed` per accepted ack (none for idempotent
         repeats), then the assignments of a single pass; an invalid ack does not stop the
@@ -136,9 +142,12 @@ class SettlementCommands(Scheduler):
                 or job.status is not _RUNNING
                 or attempt != job.attempts
                 or lease != job.lease
+                or (worker_id is not None and worker_id != job.worker_id)
             ):
                 try:
-                    job = self._current(job_id, attempt, lease, None, repeat_of=JobStatus.SUCCEEDED)
+                    job = self._current(
+                        job_id, attempt, lease, worker_id, repeat_of=JobStatus.SUCCEEDED
+                    )
                 except Rejected as rejection:
                     rejected.append(rejection)
                     continue

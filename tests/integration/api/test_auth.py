@@ -67,9 +67,28 @@ def test_a_worker_settles_only_the_lease_it_holds(api_node: RunningNode) -> None
             json={"attempt": 1, "lease": assignment["lease"], "worker_id": "w2"},
         )
         assert wrong_worker.status_code == 409
+        # The batch form too: each ack is checked against the worker it names.
+        batch = worker.post(
+            "/v1/jobs:ack",
+            json={"acks": [{"id": "leased", "attempt": 1, "lease": assignment["lease"],
+                            "worker_id": "w2"}]},
+        )  # fmt: skip
+        assert batch.status_code == 200
+        [refused] = batch.json()["results"]
+        assert (refused["error"], refused["status"]) == ("stale_lease", None)
+        assert "w1" in refused["detail"]
         unknown = worker.post("/v1/jobs/nope/ack", json={"attempt": 1, "lease": "l"})
         assert unknown.status_code == 404
         assert unknown.json()["error"] == "not_found"
+        assert admin.get("/v1/jobs/leased").json()["status"] == "running"
+        mine = worker.post(
+            "/v1/jobs:ack",
+            json={"acks": [{"id": "leased", "attempt": 1, "lease": assignment["lease"],
+                            "worker_id": "w1"}]},
+        )  # fmt: skip
+        assert mine.json()["results"] == [
+            {"id": "leased", "status": "succeeded", "error": None, "detail": None}
+        ]
 
 
 @pytest.mark.parametrize(

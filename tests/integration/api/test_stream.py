@@ -136,3 +136,34 @@ def test_an_idle_socket_worker_stays_known_past_the_expiry(api_node: RunningNode
         worker.send(json.dumps({"type": "credit", "credits": 1}))
         admin.post("/v1/jobs", json={"id": "late", "exec": "a.b"})
         assert _receive(worker, "assign")["id"] == "late"
+
+
+def _hello(socket: ClientConnection, worker_id: str, credits: int) -> None:
+    hello = {"type": "hello", "role": "worker", "worker_id": worker_id, "subjects": ["job.>"]}
+    socket.send(json.dumps(hello))
+    _receive(socket, "welcome")
+    if credits:
+        socket.send(json.dumps({"type": "credit", "credits": credits}))
+
+
+def test_a_socket_worker_cannot_settle_another_workers_job_with_batched_acks(
+    api_node: RunningNode,
+) -> None:
+    with (
+        api_node.client("admin") as admin,
+        _socket(api_node, "worker") as holder,
+        _socket(api_node, "worker") as other,
+    ):
+        _hello(holder, "holder", credits=1)
+        _hello(other, "other", credits=0)
+        admin.post("/v1/jobs", json={"id": "held", "exec": "a.b"})
+        assignment = _receive(holder, "assign")
+        forged = {"id": "held", "attempt": 1, "lease": assignment["lease"], "result": "x"}
+        other.send(json.dumps({"type": "acks", "acks": [forged]}))
+        [refused] = _receive(other, "settled_many")["results"]
+        assert refused["error"] == "stale_lease"
+        assert admin.get("/v1/jobs/held").json()["status"] == "running"
+        holder.send(json.dumps({"type": "acks", "acks": [forged]}))
+        assert _receive(holder, "settled_many")["results"] == [
+            {"id": "held", "status": "succeeded"}
+        ]

@@ -193,6 +193,22 @@ def test_ack_many_settles_a_batch_and_reports_rejections() -> None:
     assert d.job("a").result == "ra"  # type: ignore[union-attr]
 
 
+def test_ack_many_from_a_named_worker_settles_only_that_workers_assignments() -> None:
+    d = make()
+    worker(d, "w1", credits=1)
+    worker(d, "w2", credits=1)
+    mine, theirs = assignments(d.submit_many([request("a"), request("b")], T0))
+    assert (mine.worker_id, theirs.worker_id) == ("w1", "w2")
+    events, rejected = d.ack_many(
+        [(mine.job_id, 1, mine.lease, "ok"), (theirs.job_id, 1, theirs.lease, "forged")],
+        T0 + 1,
+        worker_id="w1",
+    )
+    assert [event.job_id for event in events if isinstance(event, Completed)] == ["a"]
+    assert [(r.job_id, r.code) for r in rejected] == [("b", RejectCode.STALE_LEASE)]
+    assert d.job("b").status is JobStatus.RUNNING  # type: ignore[union-attr]
+
+
 def test_acks_count_as_signs_of_life() -> None:
     d = make(worker_expiry_s=15.0, ack_timeout_s=600.0)
     worker(d, "w", credits=2)

@@ -12,11 +12,19 @@ from api.auth import KeyRing
 from api.node import Node
 from dispatch.settings import Settings
 
+GC_THRESHOLDS = (10_000, 3, 100)
+"""The node's cyclic-collector thresholds. A pause of the collector is a pause of every
+request and of the leader's loop, so what matters is each pause's length, not their total:
+a young generation of 10k objects takes ~2 ms to scan, and the middle one, emptied every
+third young collection, under 20 ms. At (100_000, 50, 100), tuned for throughput, each young
+collection took ~30 ms and each middle one up to 65 ms, every second or two at 2,500 jobs/s:
+most of submit→assign's p99 (BENCHMARKS.md, *End to end*). CPython's defaults (700, 10, 10)
+rescan the long-lived jobs held in the old generation far too often. The rebuild pauses the
+collector and freezes what it built (`api.leader.collector_paused`), whatever these are."""
+
 
 def serve(settings: Settings, port: int, node_id: str | None = None) -> None:
-    # The core holds a million small objects; CPython's default GC thresholds rescan them
-    # constantly (the core benchmark gains about a quarter with these).
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(*GC_THRESHOLDS)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -434,9 +434,10 @@ def like_a_standby_node() -> None:
     for module in ("api.node", "api.server", "dispatch.lease", "pyarrow.compute"):
         importlib.import_module(module)
     from api.leader import preload_rebuild_modules
+    from api.server import GC_THRESHOLDS
 
     preload_rebuild_modules()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def new_leader(settings: Settings, run: int) -> Leader:

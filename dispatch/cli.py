@@ -161,6 +161,14 @@ def bench(
     rate: Annotated[
         float | None, typer.Option(help="Submit at this many jobs/s (open loop), not all at once.")
     ] = None,
+    warmup_jobs: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Jobs run first the same way and left out of the figures (a fresh broker's "
+            "transactions are slow until its JIT warmed up).",
+        ),
+    ] = 10_000,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """End-to-end jobs/s and latency percentiles, beside raw kafka-python on the same broker."""
@@ -169,13 +177,15 @@ def bench(
     from bench.e2e import run_bench
 
     result = run_bench(
-        _settings(), jobs=jobs, workers=workers, batch=batch, payload_bytes=payload_bytes, rate=rate
-    )
+        _settings(), jobs=jobs, workers=workers, batch=batch, payload_bytes=payload_bytes,
+        rate=rate, warmup_jobs=warmup_jobs,
+    )  # fmt: skip
     if as_json:
         console.print_json(json.dumps(result.as_dict()))
         return
     table = Table("measure", "value")
     table.add_row("jobs / workers / batch", f"{jobs} / {workers} / {batch}")
+    table.add_row("warm-up (not counted)", f"{warmup_jobs} jobs")
     table.add_row("submit rate", f"{rate:g} jobs/s" if rate else "as fast as possible")
     table.add_row("end-to-end", f"{result.jobs_per_s:,.0f} jobs/s ({result.seconds:.1f} s)")
     table.add_row("raw kafka-python", f"{result.raw_kafka_records_per_s:,.0f} records/s")
@@ -185,8 +195,10 @@ def bench(
         ("  request→record ms", result.submit_to_record_ms),
         ("  record→assign ms", result.record_to_assign_ms),
         ("submit→complete ms", result.submit_to_complete_ms),
+        ("warm-up submit→assign ms", result.warmup_submit_to_assign_ms),
     ):
-        table.add_row(name, "  ".join(f"{key} {value:g}" for key, value in figures.items()))
+        if figures is not None:
+            table.add_row(name, "  ".join(f"{key} {value:g}" for key, value in figures.items()))
     console.print(table)
 
 

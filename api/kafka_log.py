@@ -271,7 +271,10 @@ def last_submit_position(
     A rebuild from a snapshot whose tail holds no position (nothing committed since the
     snapshot) needs the position as it was at the snapshot: it is in the group's last record
     before it, usually among the last few offsets. The read goes backwards in windows of
-    `window` offsets, four times wider each time, down to the log's beginning."""
+    `window` offsets, four times wider each time, down to the log's beginning; it stops at the
+    first window holding records of the group but no position (a log written before positions
+    were carried: the group's offsets say where reading goes on), so it never reads a long
+    legacy log back to its start."""
     consumer, partitions = _events_reader(kafka, client_id, max_poll_records=500)
     try:
         beginning = consumer.beginning_offsets(partitions)
@@ -283,8 +286,10 @@ def last_submit_position(
             low, width = end, window
             while low > beginning[partition]:
                 high, low = low, max(beginning[partition], low - width)
-                found = _last_position_in(consumer, partition, group, low, high, stall_timeout_s)
-                if found is not None:
+                found, seen = _last_position_in(
+                    consumer, partition, group, low, high, stall_timeout_s
+                )
+                if found is not None or seen:
                     return found
                 width *= 4
         return None
@@ -299,10 +304,12 @@ def _last_position_in(
     low: int,
     high: int,
     stall_timeout_s: float,
-) -> dict[int, int] | None:
-    """The last position `group` carried in `partition`'s offsets [low, high)."""
+) -> tuple[dict[int, int] | None, bool]:
+    """The last position `group` carried in `partition`'s offsets [low, high), and whether
+    any record of `group` is there."""
     consumer.seek(partition, low)
     found: dict[int, int] | None = None
+    seen = False
     deadline = time.monotonic() + stall_timeout_s
     while consumer.position(partition) < high:
         if time.monotonic() > deadline:
@@ -311,6 +318,8 @@ def _last_position_in(
             deadline = time.monotonic() + stall_timeout_s
             if record.offset < high and record.value is not None:
                 batch = decode_batch(record.value)
-                if batch.group == group and batch.submit is not None:
-                    found = batch.submit
-    return found
+                if batch.group == group:
+                    seen = True
+                    if batch.submit is not None:
+                        found = batch.submit
+    return found, seen

@@ -259,7 +259,8 @@ class Leader:
             if batch.group == self.group:
                 self.core.apply_all(batch.events)
                 self.replayed_batches += 1
-                if batch.submit is not None:
+                # A batch the epoch fence voided (a deposed leader's) consumed nothing.
+                if batch.submit is not None and batch.epoch >= self.core.fence.epoch:
                     self.submit_position = batch.submit
 
     def stop(self, timeout_s: float = 10.0) -> None:

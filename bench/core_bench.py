@@ -301,8 +301,9 @@ def run_all(quick: bool) -> dict[str, Any]:
     results["cycle_per_call_s"] = bench_cycles_per_call(n)
     results["cycle_batched_s"] = bench_cycles_batched(n)
     results["cycle_mixed_s"] = bench_cycles_mixed(n)
-    # The same two runs with the cyclic GC's thresholds raised, as a leader process may do:
-    # the jobs held are long-lived, and default thresholds rescan them over and over.
+    # The same two runs with the cyclic GC's thresholds raised for throughput: the jobs held
+    # are long-lived, and default thresholds rescan them over and over. (The node uses
+    # smaller ones, `api.server.GC_THRESHOLDS`, for short pauses.)
     thresholds = gc.get_threshold()
     gc.set_threshold(*GC_TUNED)
     try:

@@ -107,7 +107,9 @@ class EventsWriter:
     def write(self, epoch: int, events: Sequence[Event]) -> None:
         if not events:
             return
-        for record in encode_batches(GROUP, epoch, events):
+        # As a leader writes them: the last record carries the submit position (this history
+        # consumed no submission: an empty one).
+        for record in encode_batches(GROUP, epoch, events, submit={}):
             self.producer.send(self.topic, key=GROUP.encode(), value=record)
             self.records += 1
         self.events += len(events)

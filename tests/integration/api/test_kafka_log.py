@@ -1,5 +1,6 @@
 """The leader's Kafka adapter against the real broker: the submit position rides in the events
-log, a new reader starts from it, and a rebuild finds it behind a snapshot's offsets."""
+log, a new reader starts from it, a rebuild finds it behind a snapshot's offsets, and a log
+trimmed by retention past a snapshot is reported, not silently replayed from its head."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
 
 from api.kafka_log import (
     EventLog,
+    SnapshotBehindLog,
     SubmitReader,
     last_submit_position,
     replay_events,
@@ -104,3 +106,38 @@ def test_the_last_position_before_a_snapshot_is_found_however_far_back_it_is(
     assert last_submit_position(topics.kafka, GROUP, client_id="t", before={0: 2}) == {0: 3}
     assert last_submit_position(topics.kafka, GROUP, client_id="t", before={0: 0}) is None
     assert last_submit_position(topics.kafka, "nobody", client_id="t", before=end) is None
+
+
+def test_behind_records_that_carry_no_position_the_search_stops(
+    topics: Settings, event_log: EventLog
+) -> None:
+    event_log.commit(batch(GROUP, 1.0, {0: 3}), [])
+    # A log written before positions were carried: the group's offsets are the position
+    # there, and reading it back to its start could take as long as a full replay.
+    for n in range(100):
+        event_log.commit(batch(GROUP, 10.0 + n, None), [])
+    end = {0: 202}
+    assert last_submit_position(topics.kafka, GROUP, client_id="t", before=end) is None
+
+
+def test_a_log_trimmed_past_the_snapshot_is_reported_and_a_full_replay_starts_at_its_head(
+    topics: Settings, event_log: EventLog
+) -> None:
+    for n in range(6):
+        event_log.commit(batch(GROUP, float(n), {0: n}), [])
+    # Retention removes the first three transactions (a record and a marker each).
+    admin = KafkaAdminClient(bootstrap_servers=topics.kafka.bootstrap)
+    try:
+        admin.delete_records({TopicPartition(topics.kafka.events_topic, 0): 6})
+    finally:
+        admin.close()
+    with pytest.raises(SnapshotBehindLog, match="starts at 6"):
+        list(replay_events(topics.kafka, client_id="behind", start={0: 2}))
+    assert [b.submit for b in replay_events(topics.kafka, client_id="full")] == [
+        {0: 3},
+        {0: 4},
+        {0: 5},
+    ]
+    # The position before a snapshot is looked for only where the log still is.
+    assert last_submit_position(topics.kafka, GROUP, client_id="t", before={0: 6}) is None
+    assert last_submit_position(topics.kafka, GROUP, client_id="t", before={0: 8}) == {0: 3}

@@ -110,6 +110,7 @@ class Log:
         self.core = Dispatcher(settings.dispatcher.core_config())
         self.batches: list[tuple[list[Event], dict[int, int]]] = []
         self.consumed = 0
+        self.deposed_tail = False
 
     def add(self, events: list[Event]) -> None:
         self.batches.append((events, {0: self.consumed}))
@@ -141,6 +142,9 @@ class Log:
             for events, position in self.batches[first:]:
                 yield EventBatch(group, self.core.epoch, events, position)
             yield EventBatch("another-group", 9, [], {0: 999})
+            if self.deposed_tail:
+                # A deposed leader's late batch: the fence voids it, its position with it.
+                yield EventBatch(group, self.core.epoch - 1, [], {0: 998})
 
         return replay_events
 
@@ -176,13 +180,18 @@ def jobs_of(core: Dispatcher) -> dict[str, dict[str, Any]]:
 
 
 def rebuilt(
-    monkeypatch: pytest.MonkeyPatch, *, trimmed: bool, snapshot_at_end: bool = False
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    trimmed: bool,
+    snapshot_at_end: bool = False,
+    deposed_tail: bool = False,
 ) -> tuple[Leader, Log, Snapshot]:
     """A leader rebuilt from `busy_log`'s snapshot (or one of the whole log, leaving no tail,
-    if `snapshot_at_end`) and log (its head removed by retention if `trimmed`); returns it
-    with the log and the snapshot."""
+    if `snapshot_at_end`) and log (its head removed by retention if `trimmed`, a deposed
+    leader's batch at its end if `deposed_tail`); returns it with the log and the snapshot."""
     settings = load_settings()
     log, snapshot = busy_log(settings)
+    log.deposed_tail = deposed_tail
     if snapshot_at_end:
         snapshot = log.snapshot()
     monkeypatch.setattr(streaming.snapshot, "latest_snapshot", lambda warehouse, group: snapshot)
@@ -222,5 +231,12 @@ def test_with_no_tail_after_the_snapshot_the_position_is_the_last_one_before_it(
 ) -> None:
     leader, log, _ = rebuilt(monkeypatch, trimmed=False, snapshot_at_end=True)
     assert leader.replayed_batches == 0
+    assert jobs_of(leader.core) == jobs_of(log.core)
+    assert leader.submit_position == {0: 4}
+
+
+def test_a_deposed_leaders_batch_moves_no_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    leader, log, _ = rebuilt(monkeypatch, trimmed=False, deposed_tail=True)
+    assert leader.replayed_batches == 3  # read, and voided by the epoch fence
     assert jobs_of(leader.core) == jobs_of(log.core)
     assert leader.submit_position == {0: 4}

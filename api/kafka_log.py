@@ -187,47 +187,49 @@ class SnapshotBehindLog(Exception):
     """The log no longer holds the records right after the snapshot (retention removed them)."""
 
 
-def _events_reader(
-    kafka: KafkaSettings, client_id: str, max_poll_records: int
-) -> tuple[KafkaConsumer, list[TopicPartition]]:
-    """A read_committed consumer of `dispatch.events` outside any group, every partition
-    assigned."""
-    consumer = KafkaConsumer(
-        bootstrap_servers=kafka.bootstrap,
-        client_id=client_id,
-        group_id=None,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-        max_poll_records=max_poll_records,
-    )
-    partitions = [
-        TopicPartition(kafka.events_topic, p)
-        for p in sorted(consumer.partitions_for_topic(kafka.events_topic) or ())
-    ]
-    if not partitions:
-        consumer.close()
-        raise RuntimeError(f"topic {kafka.events_topic!r} does not exist: run `dispatch up`")
-    consumer.assign(partitions)
-    return consumer, partitions
+class EventsReader:
+    """A read_committed reader of `dispatch.events` outside any group, for one rebuild: the
+    log after a snapshot (`replay`) and, when that tail carries no submit position, the
+    position before it (`last_submit_position`), over one consumer (starting one costs about
+    0.1 s of a failover; most failovers now find a snapshot with no tail and need both)."""
 
+    def __init__(self, kafka: KafkaSettings, *, client_id: str) -> None:
+        self.topic = kafka.events_topic
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=kafka.bootstrap,
+            client_id=client_id,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            max_poll_records=2000,
+        )
+        self._partitions = [
+            TopicPartition(self.topic, p)
+            for p in sorted(self._consumer.partitions_for_topic(self.topic) or ())
+        ]
+        if not self._partitions:
+            self._consumer.close()
+            raise RuntimeError(f"topic {self.topic!r} does not exist: run `dispatch up`")
 
-def replay_events(
-    kafka: KafkaSettings,
-    *,
-    client_id: str,
-    start: dict[int, int] | None = None,
-    stall_timeout_s: float = 120.0,
-) -> Iterator[EventBatch]:
-    """Every committed batch of `dispatch.events` from `start` (partition -> offset; absent
-    partitions and `None` mean the beginning) to the current end.
+    def __enter__(self) -> EventsReader:
+        return self
 
-    Call after `EventLog` init (which aborted any open transaction of a dead leader), so the
-    end read here is final until this leader writes. Raises SnapshotBehindLog when a start
-    offset is below what the log still holds, and TimeoutError when nothing arrives for
-    `stall_timeout_s` (a long log may take minutes: only a stalled read is an error)."""
-    consumer, partitions = _events_reader(kafka, client_id, max_poll_records=2000)
-    try:
+    def __exit__(self, *_exc: object) -> None:
+        self._consumer.close()
+
+    def replay(
+        self, start: Mapping[int, int] | None = None, *, stall_timeout_s: float = 120.0
+    ) -> Iterator[EventBatch]:
+        """Every committed batch from `start` (partition -> offset; absent partitions and
+        `None` mean the beginning) to the current end.
+
+        Call after `EventLog` init (which aborted any open transaction of a dead leader), so
+        the end read here is final until this leader writes. Raises SnapshotBehindLog when a
+        start offset is below what the log still holds, and TimeoutError when nothing arrives
+        for `stall_timeout_s` (a long log may take minutes: only a stalled read is an error)."""
+        consumer, partitions = self._consumer, self._partitions
+        consumer.assign(partitions)
         beginning = consumer.beginning_offsets(partitions)
         for partition in partitions:
             offset = (start or {}).get(partition.partition)
@@ -245,40 +247,35 @@ def replay_events(
         while any(consumer.position(p) < end[p] for p in partitions):
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"replaying {kafka.events_topic}: nothing read for {stall_timeout_s:.0f}s"
+                    f"replaying {self.topic}: nothing read for {stall_timeout_s:.0f}s"
                 )
             for batch in consumer.poll(timeout_ms=500).values():
                 deadline = time.monotonic() + stall_timeout_s
                 for record in batch:
                     if record.value is not None:
                         yield decode_batch(record.value)
-    finally:
-        consumer.close()
 
+    def last_submit_position(
+        self,
+        group: str,
+        *,
+        before: Mapping[int, int],
+        window: int = 64,
+        stall_timeout_s: float = 30.0,
+    ) -> dict[int, int] | None:
+        """The submit position carried by `group`'s last events record before the offsets
+        `before` (events partition -> offset), or None if no record before them carries one.
 
-def last_submit_position(
-    kafka: KafkaSettings,
-    group: str,
-    *,
-    client_id: str,
-    before: Mapping[int, int],
-    window: int = 64,
-    stall_timeout_s: float = 30.0,
-) -> dict[int, int] | None:
-    """The submit position carried by `group`'s last events record before the offsets
-    `before` (events partition -> offset), or None if no record before them carries one.
-
-    A rebuild from a snapshot whose tail holds no position (nothing committed since the
-    snapshot) needs the position as it was at the snapshot: it is in the group's last record
-    before it, usually among the last few offsets. The read goes backwards in windows of
-    `window` offsets, four times wider each time, down to the log's beginning; it stops at the
-    first window holding records of the group but no position (a log written before positions
-    were carried: the group's offsets say where reading goes on), so it never reads a long
-    legacy log back to its start."""
-    consumer, partitions = _events_reader(kafka, client_id, max_poll_records=500)
-    try:
-        beginning = consumer.beginning_offsets(partitions)
-        for partition in partitions:
+        A rebuild from a snapshot whose tail holds no position (nothing committed since the
+        snapshot) needs the position as it was at the snapshot: it is in the group's last
+        record before it, usually among the last few offsets. The read goes backwards in
+        windows of `window` offsets, four times wider each time, down to the log's beginning;
+        it stops at the first window holding records of the group but no position (a log
+        written before positions were carried: the group's offsets say where reading goes
+        on), so it never reads a long legacy log back to its start."""
+        consumer = self._consumer
+        beginning = consumer.beginning_offsets(self._partitions)
+        for partition in self._partitions:
             end = before.get(partition.partition)
             if end is None:
                 continue
@@ -286,40 +283,43 @@ def last_submit_position(
             low, width = end, window
             while low > beginning[partition]:
                 high, low = low, max(beginning[partition], low - width)
-                found, seen = _last_position_in(
-                    consumer, partition, group, low, high, stall_timeout_s
-                )
+                found, seen = self._last_position_in(partition, group, low, high, stall_timeout_s)
                 if found is not None or seen:
                     return found
                 width *= 4
         return None
-    finally:
-        consumer.close()
+
+    def _last_position_in(
+        self, partition: TopicPartition, group: str, low: int, high: int, stall_timeout_s: float
+    ) -> tuple[dict[int, int] | None, bool]:
+        """The last position `group` carried in `partition`'s offsets [low, high), and
+        whether any record of `group` is there."""
+        consumer = self._consumer
+        consumer.seek(partition, low)
+        found: dict[int, int] | None = None
+        seen = False
+        deadline = time.monotonic() + stall_timeout_s
+        while consumer.position(partition) < high:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {self.topic}[{partition.partition}] back stalled")
+            for record in consumer.poll(timeout_ms=500).get(partition, []):
+                deadline = time.monotonic() + stall_timeout_s
+                if record.offset < high and record.value is not None:
+                    batch = decode_batch(record.value)
+                    if batch.group == group:
+                        seen = True
+                        if batch.submit is not None:
+                            found = batch.submit
+        return found, seen
 
 
-def _last_position_in(
-    consumer: KafkaConsumer,
-    partition: TopicPartition,
-    group: str,
-    low: int,
-    high: int,
-    stall_timeout_s: float,
-) -> tuple[dict[int, int] | None, bool]:
-    """The last position `group` carried in `partition`'s offsets [low, high), and whether
-    any record of `group` is there."""
-    consumer.seek(partition, low)
-    found: dict[int, int] | None = None
-    seen = False
-    deadline = time.monotonic() + stall_timeout_s
-    while consumer.position(partition) < high:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"reading {partition.topic}[{partition.partition}] back stalled")
-        for record in consumer.poll(timeout_ms=500).get(partition, []):
-            deadline = time.monotonic() + stall_timeout_s
-            if record.offset < high and record.value is not None:
-                batch = decode_batch(record.value)
-                if batch.group == group:
-                    seen = True
-                    if batch.submit is not None:
-                        found = batch.submit
-    return found, seen
+def replay_events(
+    kafka: KafkaSettings,
+    *,
+    client_id: str,
+    start: Mapping[int, int] | None = None,
+    stall_timeout_s: float = 120.0,
+) -> Iterator[EventBatch]:
+    """`EventsReader.replay` on a reader of its own (audits, benchmarks, tests)."""
+    with EventsReader(kafka, client_id=client_id) as reader:
+        yield from reader.replay(start, stall_timeout_s=stall_timeout_s)

@@ -31,13 +31,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.kafka_log import (
-    EventLog,
-    SnapshotBehindLog,
-    SubmitReader,
-    last_submit_position,
-    replay_events,
-)
+from api.kafka_log import EventLog, EventsReader, SnapshotBehindLog, SubmitReader
 from api.metrics import Metrics
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import Rejected
@@ -76,8 +70,9 @@ def collector_paused(*, freeze: bool = True) -> Iterator[None]:
     """No garbage collection during a rebuild, and what it built frozen afterwards.
 
     A rebuild allocates a million records, their payload and result dicts, and indexes, all
-    of which stay alive: the collector, triggered every 100k allocations, would scan them
-    again and again for nothing (0.3-0.7 s of a 1M-job rebuild). `gc.freeze()` then moves
+    of which stay alive: the collector, triggered every 10k allocations in a node
+    (`api.server.GC_THRESHOLDS`), would scan them again and again for nothing (0.3-0.7 s of a
+    1M-job rebuild at 100k). `gc.freeze()` then moves
     everything alive to the permanent generation, so the serving term's full collections do
     not scan the million long-lived objects either (0.4 s per collection at 1M jobs: a pause
     every waiting request sees). Frozen objects are still freed by reference counting (a
@@ -231,31 +226,34 @@ class Leader:
             self.rebuilt_from = f"snapshot v{snapshot.version} ({len(snapshot.jobs)} jobs)"
         else:
             self.rebuilt_from = "full log (no snapshot yet)"
+        with EventsReader(settings.kafka, client_id=f"{client_id}-replay") as reader:
+            self._replay_or_full(reader, start)
+
+    def _replay_or_full(self, reader: EventsReader, start: dict[int, int] | None) -> None:
+        """Replay the log after the snapshot's offsets (or all of it), and find where reading
+        submissions goes on; a full replay when retention removed the log after the snapshot."""
         try:
-            self._replay(client_id, start)
+            self._replay(reader, start)
             if start is not None and self.submit_position is None:
                 # Nothing committed since the snapshot: the position as it was then is in
                 # the log's last record before it.
-                self.submit_position = last_submit_position(
-                    settings.kafka, self.group, client_id=f"{client_id}-replay", before=start
-                )
+                self.submit_position = reader.last_submit_position(self.group, before=start)
         except SnapshotBehindLog as gap:
             log.warning(
                 "leader %s: %s; the log was trimmed past the snapshot: full replay",
                 self.node_id, gap,
             )  # fmt: skip
-            self.core = Dispatcher(config)
+            self.core = Dispatcher(self.settings.dispatcher.core_config())
             # The restored core is garbage (reference cycles) and the collector is off: free
             # it now rather than let `collector_paused` freeze it with the new one.
             gc.collect()
             self.replayed_batches = 0
             self.submit_position = None
             self.rebuilt_from = "full log (the snapshot is behind the log's retention)"
-            self._replay(client_id, None)
+            self._replay(reader, None)
 
-    def _replay(self, client_id: str, start: dict[int, int] | None) -> None:
-        kafka = self.settings.kafka
-        for batch in replay_events(kafka, client_id=f"{client_id}-replay", start=start):
+    def _replay(self, reader: EventsReader, start: dict[int, int] | None) -> None:
+        for batch in reader.replay(start):
             if batch.group == self.group:
                 self.core.apply_all(batch.events)
                 self.replayed_batches += 1
@@ -354,15 +352,13 @@ class Leader:
         if now >= self._next_prune:
             self._next_prune = now + PRUNE_EVERY_S
             events += core.prune(now - self.settings.dispatcher.dedup_window_s, now)
-        moved = self._reader.take_moved()
-        if events or rejections or moved or now >= self._next_group_offsets:
-            try:
-                self._commit(events, rejections, moved=moved, now=now)
-            except BaseException as error:
-                # Decided but not durable: none of these may be answered as done.
-                for command, _ in decided:
-                    command.future.set_exception(LeaderUnavailable(f"commit failed: {error!r}"))
-                raise
+        try:
+            self._commit(events, rejections, moved=self._reader.take_moved(), now=now)
+        except BaseException as error:
+            # Decided but not durable: none of these may be answered as done.
+            for command, _ in decided:
+                command.future.set_exception(LeaderUnavailable(f"commit failed: {error!r}"))
+            raise
         for command, own in decided:
             try:
                 command.future.set_result(command.answer(core, own) if command.answer else own)
@@ -375,7 +371,8 @@ class Leader:
         self, events: list[Event], rejections: list[bytes], *, moved: bool, now: float
     ) -> None:
         """Commit what was decided, the submit position in the events log (when submissions
-        were consumed, or with any events), and about once a second the group's offsets."""
+        were consumed, or with any events), and about once a second the group's offsets;
+        nothing when there is none of these."""
         assert self._log is not None and self._reader is not None
         position = self._reader.position
         group_offsets = None

@@ -10,13 +10,7 @@ from collections.abc import Iterator
 import pytest
 from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
 
-from api.kafka_log import (
-    EventLog,
-    SnapshotBehindLog,
-    SubmitReader,
-    last_submit_position,
-    replay_events,
-)
+from api.kafka_log import EventLog, EventsReader, SnapshotBehindLog, SubmitReader, replay_events
 from dispatch.core.events import WorkerJoined
 from dispatch.event_records import encode_batches
 from dispatch.settings import Settings
@@ -52,6 +46,13 @@ def submit(settings: Settings, count: int) -> None:
 def batch(group: str, at: float, submit: dict[int, int] | None) -> list[bytes]:
     joined = WorkerJoined(epoch=1, at=at, worker_id=f"w{at}", subjects=("job.assign.>",))
     return encode_batches(group, 1, [joined], submit=submit)
+
+
+def last_submit_position(
+    settings: Settings, group: str, *, before: dict[int, int]
+) -> dict[int, int] | None:
+    with EventsReader(settings.kafka, client_id="test-look-back") as reader:
+        return reader.last_submit_position(group, before=before)
 
 
 def read_all(reader: SubmitReader, count: int) -> list[int]:
@@ -102,10 +103,14 @@ def test_the_last_position_before_a_snapshot_is_found_however_far_back_it_is(
         event_log.commit(batch("another", 10.0 + n, {0: 1000 + n}), [])
     end = {0: sum(1 for _ in replay_events(topics.kafka, client_id="count")) * 2}
     # Each transaction is a record and a commit marker: two offsets.
-    assert last_submit_position(topics.kafka, GROUP, client_id="t", before=end) == {0: 7}
-    assert last_submit_position(topics.kafka, GROUP, client_id="t", before={0: 2}) == {0: 3}
-    assert last_submit_position(topics.kafka, GROUP, client_id="t", before={0: 0}) is None
-    assert last_submit_position(topics.kafka, "nobody", client_id="t", before=end) is None
+    assert last_submit_position(topics, GROUP, before=end) == {0: 7}
+    assert last_submit_position(topics, GROUP, before={0: 2}) == {0: 3}
+    assert last_submit_position(topics, GROUP, before={0: 0}) is None
+    assert last_submit_position(topics, "nobody", before=end) is None
+    # As a rebuild does it: an empty tail, then the look-back, on one reader.
+    with EventsReader(topics.kafka, client_id="test-rebuild") as reader:
+        assert list(reader.replay(end)) == []
+        assert reader.last_submit_position(GROUP, before=end) == {0: 7}
 
 
 def test_behind_records_that_carry_no_position_the_search_stops(
@@ -117,7 +122,7 @@ def test_behind_records_that_carry_no_position_the_search_stops(
     for n in range(100):
         event_log.commit(batch(GROUP, 10.0 + n, None), [])
     end = {0: 202}
-    assert last_submit_position(topics.kafka, GROUP, client_id="t", before=end) is None
+    assert last_submit_position(topics, GROUP, before=end) is None
 
 
 def test_a_log_trimmed_past_the_snapshot_is_reported_and_a_full_replay_starts_at_its_head(
@@ -139,5 +144,5 @@ def test_a_log_trimmed_past_the_snapshot_is_reported_and_a_full_replay_starts_at
         {0: 5},
     ]
     # The position before a snapshot is looked for only where the log still is.
-    assert last_submit_position(topics.kafka, GROUP, client_id="t", before={0: 6}) is None
-    assert last_submit_position(topics.kafka, GROUP, client_id="t", before={0: 8}) == {0: 3}
+    assert last_submit_position(topics, GROUP, before={0: 6}) is None
+    assert last_submit_position(topics, GROUP, before={0: 8}) == {0: 3}

@@ -128,32 +128,40 @@ class Log:
             committed_at=T0,
         )
 
-    def replay(self, trimmed: bool = False) -> Any:
-        """`replay_events` over these batches (raising SnapshotBehindLog from a snapshot's
+    def reader(self, trimmed: bool = False) -> Any:
+        """An `EventsReader` over these batches (raising SnapshotBehindLog from a snapshot's
         offsets if `trimmed`)."""
+        log = self
         group = self.settings.dispatcher.group
 
-        def replay_events(
-            kafka: Any, *, client_id: str, start: dict[int, int] | None = None
-        ) -> Iterator[EventBatch]:
-            if start is not None and trimmed:
-                raise SnapshotBehindLog("retention removed offset 0")
-            first = 0 if start is None else start.get(0, 0)
-            for events, position in self.batches[first:]:
-                yield EventBatch(group, self.core.epoch, events, position)
-            yield EventBatch("another-group", 9, [], {0: 999})
-            if self.deposed_tail:
-                # A deposed leader's late batch: the fence voids it, its position with it.
-                yield EventBatch(group, self.core.epoch - 1, [], {0: 998})
+        class Reader:
+            def __init__(self, kafka: Any, *, client_id: str) -> None:
+                pass
 
-        return replay_events
+            def __enter__(self) -> Reader:
+                return self
 
-    def last_submit_position(
-        self, kafka: Any, group: str, *, client_id: str, before: dict[int, int]
-    ) -> dict[int, int] | None:
-        """`last_submit_position` over these batches."""
-        carried = [position for _, position in self.batches[: before[0]]]
-        return carried[-1] if carried and group == self.settings.dispatcher.group else None
+            def __exit__(self, *_exc: object) -> None:
+                return None
+
+            def replay(self, start: dict[int, int] | None = None) -> Iterator[EventBatch]:
+                if start is not None and trimmed:
+                    raise SnapshotBehindLog("retention removed offset 0")
+                first = 0 if start is None else start.get(0, 0)
+                for events, position in log.batches[first:]:
+                    yield EventBatch(group, log.core.epoch, events, position)
+                yield EventBatch("another-group", 9, [], {0: 999})
+                if log.deposed_tail:
+                    # A deposed leader's late batch: the fence voids it, its position with it.
+                    yield EventBatch(group, log.core.epoch - 1, [], {0: 998})
+
+            def last_submit_position(
+                self, wanted: str, *, before: dict[int, int]
+            ) -> dict[int, int] | None:
+                carried = [position for _, position in log.batches[: before[0]]]
+                return carried[-1] if carried and wanted == group else None
+
+        return Reader
 
 
 def submitted(log: Log, *ids: str, now: float) -> None:
@@ -195,8 +203,7 @@ def rebuilt(
     if snapshot_at_end:
         snapshot = log.snapshot()
     monkeypatch.setattr(streaming.snapshot, "latest_snapshot", lambda warehouse, group: snapshot)
-    monkeypatch.setattr(api.leader, "replay_events", log.replay(trimmed=trimmed))
-    monkeypatch.setattr(api.leader, "last_submit_position", log.last_submit_position)
+    monkeypatch.setattr(api.leader, "EventsReader", log.reader(trimmed=trimmed))
     leader = new_leader(settings)
     leader._rebuild("c1")
     return leader, log, snapshot

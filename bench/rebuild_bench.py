@@ -417,7 +417,6 @@ class ReplayRun:
 
 @dataclass
 class Measurement:
-    import_snapshot_module: Took
     leader_runs: list[LeaderRun]
     snapshot_load: Took
     snapshot_jobs: int
@@ -433,7 +432,7 @@ class Measurement:
 def like_a_standby_node() -> None:
     """This process as `dispatch serve` has it before its first term: the modules a node
     imports (and preloads in `Node.start`), and the GC thresholds `api.server.serve` sets."""
-    for module in ("api.node", "api.server", "dispatch.lease", "pyarrow.compute"):
+    for module in ("api.node", "api.server", "dispatch.lease"):
         importlib.import_module(module)
     from api.leader import preload_rebuild_modules
     from api.server import GC_THRESHOLDS
@@ -525,9 +524,8 @@ def time_event_log_init(settings: Settings) -> Took:
 def measure(settings: Settings, repeats: int, profile: bool) -> Measurement:
     """Leader terms first (the process as a new leader finds it), then each step alone."""
     load_average = os.getloadavg()
-    like_a_standby_node()
-    with timed() as import_took:
-        from streaming.snapshot import latest_snapshot
+    like_a_standby_node()  # imports streaming.snapshot, as a standby has before its term
+    from streaming.snapshot import latest_snapshot
 
     runs = []
     for run in range(repeats):
@@ -553,7 +551,6 @@ def measure(settings: Settings, repeats: int, profile: bool) -> Measurement:
     full = replay_into(Dispatcher(config), settings, None)
     gc.collect()
     return Measurement(
-        import_snapshot_module=import_took,
         leader_runs=runs,
         snapshot_load=load_took,
         snapshot_jobs=snapshot_jobs,

@@ -16,9 +16,10 @@ Exactly-once effect, two layers:
 - Delta idempotent writes keyed on the batch: every commit carries a `txn` action with app id
   = the streaming query's id (new with every new checkpoint, so a fresh checkpoint whose batch
   ids restart at 0 is never skipped) and version = the batch id; a table that already holds
-  that version is not written again (delta-rs commits checked by `DeltaCommits.committed`, the
-  Spark prune MERGE by the session confs `spark.databricks.delta.write.txnAppId` /
-  `txnVersion`).
+  that version is not written again (delta-rs commits: checked by `DeltaCommits.append` /
+  `merge` against the table's recorded `txn` version before writing; the Spark prune MERGE
+  and `jobs_archive` append: by Spark itself, from the session confs
+  `spark.databricks.delta.write.txnAppId` / `txnVersion` and the writer's options).
 - Offset watermarks: every commit records the Kafka positions its table has absorbed, and each
   table only takes the records after its own position. This also makes a run from a deleted
   checkpoint (which restarts from the positions recorded in `jobs`) exact, even when its batch
@@ -73,7 +74,7 @@ from streaming.fold import (
     prune_groups,
     touched_jobs,
 )
-from streaming.progress import BATCH, PRUNE, Progress, latest_progress
+from streaming.progress import BATCH, PRUNE, Committed, Progress, latest_progress_of
 from streaming.rollup import StatsRollup, stats_row
 
 if TYPE_CHECKING:
@@ -197,16 +198,27 @@ class BatchWriter:
     def positions(self) -> _Positions:
         """Loaded from the tables' newest commits once per process, then kept up to date."""
         if self._positions is None:
-            jobs = latest_progress(self.paths[t.JOBS], BATCH)
+            jobs = self._latest_progress(t.JOBS)
             covered: Offsets = jobs.progress.offsets if jobs else {}
             fence = dict(jobs.progress.fence) if jobs else {}
             tables: dict[str, Offsets] = {t.JOBS: covered}
             for name in (t.EVENTS, t.REJECTED, t.STATS_PARTIAL, t.JOBS_ARCHIVE):
-                own = latest_progress(self.paths[name], BATCH)
+                own = self._latest_progress(name)
                 # Everything `jobs` covers, every table covers (jobs is written last).
                 tables[name] = merge_offsets(covered, own.progress.offsets if own else {})
             self._positions = _Positions(tables, fence)
         return self._positions
+
+    def _latest_progress(self, name: str) -> Committed | None:
+        """The newest batch commit of table `name` (None: no table, or no such commit yet),
+        read through the open handle."""
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            table = self.commits.table(name)
+        except TableNotFoundError:
+            return None
+        return latest_progress_of(table, BATCH)
 
     def _progress(self, batch_id: int, offsets: Offsets, kind: str = BATCH) -> Progress:
         positions = self.positions()

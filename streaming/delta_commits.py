@@ -9,13 +9,12 @@ rare prune step and VACUUM). The stats roll-up and compaction use delta-rs too.
 
 Exactly once: a commit carries a Delta `txn` action (app id, version = the batch id), the same
 action Spark's `txnAppId` / `txnVersion` write. Spark skips a write whose version is not above
-the table's recorded one; delta-rs records the action but does not check it, so `committed()`
-makes that check here before every write.
+the table's recorded one; delta-rs records the action but does not check it, so `append` and
+`merge` make that check here before every write.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,23 +32,17 @@ class DeltaCommits:
     def __init__(self, paths: Mapping[str, Path]) -> None:
         self.paths = dict(paths)
         self._tables: dict[str, DeltaTable] = {}
-        self._lock = threading.Lock()
 
     def table(self, name: str) -> DeltaTable:
         """`name` at its latest version."""
         from deltalake import DeltaTable
 
-        with self._lock:
-            handle = self._tables.get(name)
-            if handle is None:
-                handle = self._tables[name] = DeltaTable(str(self.paths[name]))
-                return handle
+        handle = self._tables.get(name)
+        if handle is None:
+            handle = self._tables[name] = DeltaTable(str(self.paths[name]))
+            return handle
         handle.update_incremental()
         return handle
-
-    def committed(self, name: str, app_id: str, version: int) -> bool:
-        """True when `name` already holds this app's commit `version` (or a later one)."""
-        return _holds(self.table(name), app_id, version)
 
     def append(
         self, name: str, rows: pa.Table, *, app_id: str, version: int, metadata: str

@@ -119,14 +119,13 @@ def records_from_arrow(table: Any) -> list[JobRecord]:
     is skipped (and `Dispatcher.restore` checks each record's status against its fields).
     Each column becomes Python values in one pass (in Arrow where it can), and the records
     are built by `map`, with no Python code per row but JobRecord's own `__init__`."""
-    rows = table.num_rows
     columns: list[list[Any]] = []
-    for name in _POSITIONAL:
+    for name in JOB_RECORD_COLUMNS:  # JobRecord's fields in constructor order
         column = table.column(name)
         if name in _SHARED:
             columns.append(_shared_values(column, _SHARED[name]))
         elif name in _JSON:
-            columns.append(_json_values(column, name, rows))
+            columns.append(_json_values(column, name))
         else:
             columns.append(column.to_pylist())
     return list(map(JobRecord, *columns))
@@ -154,7 +153,7 @@ def _shared_values(column: Any, names: Mapping[str | None, Any] | None) -> list[
     return list(map(distinct.__getitem__, indices))
 
 
-def _json_values(column: Any, name: str, rows: int) -> list[Any]:
+def _json_values(column: Any, name: str) -> list[Any]:
     """The JSON texts of a column as Python values (NULL and JSON null both mean None).
 
     One JSON document for the whole column, joined in Arrow: a `json.loads` per value, or
@@ -167,6 +166,7 @@ def _json_values(column: Any, name: str, rows: int) -> list[Any]:
     whole = pa.LargeListArray.from_arrays(pa.array([0, len(texts)], pa.int64()), texts)
     joined = pc.binary_join(whole, pa.scalar(",", pa.large_string()))[0].as_py()
     values: list[Any] = json.loads("[" + joined + "]")
+    rows = len(column)
     if len(values) != rows:
         # A text holding more than one JSON value (never written by `job_row`).
         raise ValueError(f"jobs.{name}: {len(values)} JSON values in {rows} rows")
@@ -182,16 +182,6 @@ _SHARED: dict[str, Mapping[str | None, Any] | None] = {
 }
 """String columns of few distinct values, and what each value stands for (None: itself)."""
 _JSON = frozenset({"payload", "result"})
-
-
-_POSITIONAL: tuple[str, ...] = (
-    "id", "client_id", "exec", "payload", "max_attempts", "timeout_s", "submitted_at",
-    "updated_at", "seq", "status", "attempts", "priority", "not_before", "worker_id", "lease",
-    "deadline", "result", "error", "dead_reason",
-)  # fmt: skip
-"""JobRecord's fields in constructor order, as `records_from_arrow` unpacks them."""
-if _POSITIONAL != JOB_RECORD_COLUMNS:
-    raise AssertionError(f"records_from_arrow is out of date with JobRecord: {JOB_RECORD_COLUMNS}")
 
 
 # --- the fence ---------------------------------------------------------------------------

@@ -94,7 +94,6 @@ class StatsRollup:
         every_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.warehouse = warehouse
         self.every_s = every_s
         self.clock = clock
         self._last = clock()
@@ -105,19 +104,16 @@ class StatsRollup:
     def due(self) -> bool:
         return self.every_s <= 0 or self.clock() - self._last >= self.every_s
 
-    def _table(self, name: str) -> Any:
-        return self.commits.table(name)
-
     def rolled_through(self) -> int:
         """The highest `batch_end` already in `stats` (0: none)."""
-        found = newest_commit(self._table(t.STATS), parse_rollup)
+        found = newest_commit(self.commits.table(t.STATS), parse_rollup)
         return 0 if found is None else found[2]
 
     def run(self, app_id: str) -> int:
         """Roll up what is pending; returns the number of `stats` rows written."""
         self._last = self.clock()
         through = self.rolled_through()
-        partial = self._table(t.STATS_PARTIAL).to_pyarrow_table().to_pylist()
+        partial = self.commits.table(t.STATS_PARTIAL).to_pyarrow_table().to_pylist()
         pending = [row for row in partial if row["batch_end"] > through]
         written = 0
         if pending:
@@ -134,13 +130,13 @@ class StatsRollup:
             through = new_through
             written = len(rows)
         if partial:
-            self._table(t.STATS_PARTIAL).delete(f"batch_end <= {through}")
+            self.commits.table(t.STATS_PARTIAL).delete(f"batch_end <= {through}")
         return written
 
     def _existing(self, keys: Iterable[StatsKey]) -> dict[StatsKey, MinuteStats]:
         wanted = set(keys)
         days = sorted({dt.datetime.fromtimestamp(key[0], UTC).date() for key in wanted})
-        dataset = self._table(t.STATS).to_pyarrow_dataset(
+        dataset = self.commits.table(t.STATS).to_pyarrow_dataset(
             file_pruning_predicate=[("date", "in", [day.isoformat() for day in days])]
         )
         minutes = pa.array(

@@ -60,12 +60,15 @@ def latest_snapshot(warehouse: Path, group: str = "default") -> Snapshot | None:
     if committed is None:
         return None
     progress = committed.progress
-    try:
-        table = DeltaTable(path, version=committed.version)
-    except DeltaError:
-        # Only if VACUUM removed files of that version (the stream stopped for longer than
-        # the retention): the data of later versions is the same up to maintenance commits.
-        table = latest
+    table = latest
+    if committed.version != latest.version():
+        try:
+            table = DeltaTable(path, version=committed.version)
+        except DeltaError:
+            # Only if VACUUM removed files of that version (the stream stopped for longer
+            # than the retention): the data of later versions is the same up to maintenance
+            # commits.
+            table = latest
     dataset = table.to_pyarrow_dataset()
     import pyarrow.compute as pc
 

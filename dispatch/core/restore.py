@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from itertools import chain
 from operator import attrgetter
 from typing import NoReturn
 
@@ -70,10 +69,9 @@ def load_snapshot(
         _raise_first_error(given)
     worker_records = list(workers)
 
-    clock = max(
-        chain(map(_UPDATED_AT, records), (worker.last_seen for worker in worker_records)),
-        default=0.0,
-    )
+    # by_time is sorted by updated_at: its last record holds the jobs' latest time.
+    latest_job = by_time[-1].updated_at if by_time else 0.0
+    clock = max([latest_job, *(worker.last_seen for worker in worker_records)])
     state._clock = clock
     for record in worker_records:
         if record.worker_id in state._workers:

@@ -26,7 +26,7 @@ def merged_table(path: Path) -> DeltaTable:
     return DeltaTable(path)
 
 
-def test_a_filtered_read_of_merged_files_works_where_pyarrow_pushdown_fails(
+def test_canary_pyarrow_still_cannot_compare_string_view_but_query_can(
     tmp_path: Path,
 ) -> None:
     table = merged_table(tmp_path / "jobs")

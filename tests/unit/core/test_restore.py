@@ -405,3 +405,18 @@ def test_a_refused_snapshot_changes_neither_the_state_nor_owned_records() -> Non
         load_snapshot(state, rows, owned=True)
     assert internals(state) == empty
     assert [(row.to_dict(), id(row.exec)) for row in rows] == before
+
+
+def test_a_snapshot_with_a_repeated_id_is_refused_before_anything_changes() -> None:
+    old, _ = busy_leader()
+    rows = snapshot(old)
+    rows.append(rows[0].copy())  # every record valid on its own
+    for row in rows:
+        row.exec = "".join(row.exec)
+    before = [(row.to_dict(), id(row.exec)) for row in rows]
+    state = make()
+    empty = internals(state)
+    with pytest.raises(ValueError, match=rows[0].id):
+        load_snapshot(state, rows, owned=True)
+    assert internals(state) == empty
+    assert [(row.to_dict(), id(row.exec)) for row in rows] == before

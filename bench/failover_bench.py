@@ -52,6 +52,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from string import hexdigits
 from typing import Any
 
 import httpx
@@ -72,9 +73,10 @@ WORKER_RETRY_S = 0.05
 
 
 def lease_epoch(token: str) -> int:
-    """The epoch of a lease token "{epoch}.{n}" (the leader that made the assignment)."""
-    epoch, dot, number = token.partition(".")
-    if not dot or not epoch.isdigit() or not number.isdigit():
+    """The epoch of a lease "{epoch}.{token}" (the leader that made the assignment; the
+    token is random hex)."""
+    epoch, dot, secret = token.partition(".")
+    if not dot or not epoch.isdigit() or not secret or not all(c in hexdigits for c in secret):
         raise ValueError(f"not a lease token: {token!r}")
     return int(epoch)
 

@@ -7,10 +7,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from dispatch.core import _validate as v
+from dispatch.core.bounds import check_json_value
 from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN
 from dispatch.core.subjects import validate_exec
 
 DEFAULT_CLIENT_ID = "default"
+
+# The bounds of a submission. Both edges (REST bodies, `dispatch.submit` records) build a
+# SubmitRequest, so these are the one place the rules live; the REST models only repeat them
+# for the OpenAPI document. Each keeps a value inside what every consumer stores (the Delta
+# tables hold attempts and priority as int32, times as float64 and as timestamps).
+MAX_ATTEMPTS_LIMIT = 1_000
+"""Most attempts a job may ask for: far above any sane retry policy, far below int32."""
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""Longest ack timeout a job may ask for (a week; a longer job should heartbeat)."""
+MAX_DELAY_S = 366 * 24 * 3600.0
+"""Longest delay before a job may run (a year)."""
+MAX_NOT_BEFORE = 253_402_300_799.0
+"""Latest `not_before`: 9999-12-31T23:59:59Z, the last instant a timestamp column holds."""
+MAX_EXEC_LENGTH = 255
+"""Longest exec name (it is a subject, a metric label and a Delta partition value)."""
 
 _FIELDS = frozenset(
     {
@@ -47,17 +63,21 @@ class SubmitRequest:
     not_before: float | None = None
 
     def __post_init__(self) -> None:
-        v.as_id(self.id, "id")
-        try:
-            validate_exec(self.exec)
-        except ValueError as error:
-            raise ValueError(f"exec: {error}") from None
-        v.as_id(self.client_id, "client_id")
-        v.as_opt_int(self.max_attempts, "max_attempts", minimum=1)
-        v.as_opt_number(self.timeout_s, "timeout_s", positive=True)
+        v.as_submitted_id(self.id, "id")
+        _check_exec(self.exec)
+        v.as_printable_id(self.client_id, "client_id")
+        if self.max_attempts is not None:
+            v.as_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS_LIMIT)
+        if self.timeout_s is not None:
+            _at_most(
+                v.as_number(self.timeout_s, "timeout_s", positive=True), MAX_TIMEOUT_S, "timeout_s"
+            )
         v.as_int(self.priority, "priority", PRIORITY_MIN, PRIORITY_MAX)
-        v.as_number(self.delay_s, "delay_s", non_negative=True)
-        v.as_opt_number(self.not_before, "not_before")
+        _at_most(v.as_number(self.delay_s, "delay_s", non_negative=True), MAX_DELAY_S, "delay_s")
+        if self.not_before is not None:
+            number = v.as_number(self.not_before, "not_before", non_negative=True)
+            _at_most(number, MAX_NOT_BEFORE, "not_before")
+        check_json_value(self.payload, label="payload")
         if self.delay_s and self.not_before is not None:
             raise ValueError("delay_s: give delay_s or not_before, not both")
         # Times are floats in every event; normalise ints once here.
@@ -102,3 +122,18 @@ class SubmitRequest:
         if self.not_before is not None:
             out["not_before"] = self.not_before
         return out
+
+
+def _check_exec(value: object) -> None:
+    # Type and length first: the subject check echoes the whole value in its message.
+    exec_name = v.as_str(value, "exec")
+    if len(exec_name) > MAX_EXEC_LENGTH:
+        raise ValueError(f"exec: longer than {MAX_EXEC_LENGTH} characters")
+    if not exec_name.isprintable():
+        raise ValueError(f"exec: control characters are not allowed, got {v.show(exec_name)}")
+    validate_exec(exec_name)  # its messages start with "exec: "
+
+
+def _at_most(number: float, limit: float, label: str) -> None:
+    if number > limit:
+        raise ValueError(f"{label}: expected a number <= {limit:g}, got {number:g}")

@@ -20,7 +20,9 @@ from dispatch.core.config import CoreConfig
 from dispatch.core.errors import RejectCode, Rejected
 from dispatch.core.events import (
     Cancelled,
+    Enqueued,
     Event,
+    JobHeartbeat,
     LeaderElected,
     Pruned,
     Redriven,
@@ -28,6 +30,7 @@ from dispatch.core.events import (
 )
 from dispatch.core.fast_events import new_enqueued
 from dispatch.core.job import JobRecord, JobStatus
+from dispatch.core.queues import MAX_EXEC_QUEUES_PER_CLIENT
 from dispatch.core.restore import load_snapshot
 from dispatch.core.settlement import SettlementCommands
 from dispatch.core.worker_commands import MAX_CREDITS, WorkerCommands
@@ -55,14 +58,29 @@ class Dispatcher(WorkerCommands, SettlementCommands):
         self._emit(event, out)
         return out
 
-    def resume(self, now: float) -> list[Event]:
+    def resume(self, now: float, *, grace_s: float = 0.0) -> list[Event]:
         """Call once after a rebuild, before serving: gives every known worker a fresh expiry
         window (a `worker_heartbeat` each), since the silence during the failover was not
-        theirs, then runs an assignment pass."""
+        theirs, and every running job whose deadline falls within `grace_s` a deadline of
+        now + `grace_s` (a `job_heartbeat` each), for the same reason: its worker could
+        neither heartbeat nor ack while no leader served. Without that, a job whose deadline
+        passed during the failover was reassigned at the new leader's first tick, just before
+        its worker reconnected and resent the ack: it ran twice. Then an assignment pass."""
         now = self._now(now)
         out: list[Event] = []
-        for worker_id in list(self._workers):
-            self._emit(WorkerHeartbeat(epoch=self.fence.epoch, at=now, worker_id=worker_id), out)
+        epoch = self.fence.epoch
+        until = now + grace_s
+        for worker_id, worker in list(self._workers.items()):
+            self._emit(WorkerHeartbeat(epoch=epoch, at=now, worker_id=worker_id), out)
+            if grace_s <= 0:
+                continue
+            for job in list(worker.running.values()):
+                if job.deadline is not None and job.deadline < until and job.lease is not None:
+                    extended = JobHeartbeat(
+                        epoch=epoch, at=now, job_id=job.id, worker_id=worker_id,
+                        attempt=job.attempts, lease=job.lease, deadline=until,
+                    )  # fmt: skip
+                    self._emit(extended, out)
         self._dispatch(now, out)
         return out
 
@@ -88,7 +106,12 @@ class Dispatcher(WorkerCommands, SettlementCommands):
 
     def submit(self, request: SubmitRequest, now: float, *, dispatch: bool = True) -> list[Event]:
         """Enqueue a job (`enqueued`), unless its id is already known: then nothing happens
-        and [] is returned (read the existing job with `job(id)`)."""
+        and [] is returned (read the existing job with `job(id)`). Rejected INVALID when it
+        would create one exec queue more than its client may (MAX_EXEC_QUEUES_PER_CLIENT)."""
+        if request.id not in self._jobs:
+            refusal = self._exec_refusal(request)
+            if refusal is not None:
+                raise Rejected(RejectCode.INVALID, refusal, job_id=request.id)
         now = float(now)
         if now > self._clock:
             self._advance(now)
@@ -100,16 +123,74 @@ class Dispatcher(WorkerCommands, SettlementCommands):
                 self._dispatch(now, out)
         return out
 
-    def submit_many(self, requests: Iterable[SubmitRequest], now: float) -> list[Event]:
-        """Submit many jobs, then run one assignment pass. Duplicates are skipped."""
+    def submit_many(
+        self,
+        requests: Iterable[SubmitRequest],
+        now: float,
+        *,
+        refused: list[tuple[SubmitRequest, str]] | None = None,
+    ) -> list[Event]:
+        """Submit many jobs, then run one assignment pass. Duplicates are skipped. A job
+        `submit` would reject (one exec queue too many for its client) is left out, and
+        appended to `refused` with the reason, if given; the others are enqueued (this is
+        the leader's path for `dispatch.submit` records, where one bad record must not
+        stop the rest)."""
         now = self._now(now)
         out: list[Event] = []
         jobs = self._jobs
         for request in requests:
-            if request.id not in jobs:
-                self._enqueue(request, now, out)
+            if request.id in jobs:
+                continue
+            refusal = self._exec_refusal(request)
+            if refusal is not None:
+                if refused is not None:
+                    refused.append((request, refusal))
+                continue
+            self._enqueue(request, now, out)
         self._dispatch(now, out)
         return out
+
+    def exec_queues_refusal(self, requests: Iterable[SubmitRequest]) -> str | None:
+        """Why these submissions, together, would create more exec queues than one of their
+        clients may have, or None. For a submitter's early answer (the REST path asks before
+        writing to Kafka, so a client learns it at once, not from a rejection record); the
+        leader's `submit_many` decides for good."""
+        new_by_client: dict[str, set[str]] = {}
+        for request in requests:
+            if request.exec not in self._queues:
+                new_by_client.setdefault(request.client_id, set()).add(request.exec)
+        for client_id, execs in new_by_client.items():
+            client = self._clients.get(client_id)
+            created = 0 if client is None else client.exec_queues
+            if created + len(execs) > MAX_EXEC_QUEUES_PER_CLIENT:
+                return (
+                    f"exec: client {client_id!r} has created {created} exec queues and these "
+                    f"jobs would add {len(execs)}, over the most one client may "
+                    f"({MAX_EXEC_QUEUES_PER_CLIENT}); use an existing exec name"
+                )
+        return None
+
+    def _exec_refusal(self, request: SubmitRequest) -> str | None:
+        """Why `request` may not create its exec queue, or None (the queue exists, or its
+        client may create one more)."""
+        if request.exec in self._queues:
+            return None
+        client = self._clients.get(request.client_id)
+        if client is None or client.exec_queues < MAX_EXEC_QUEUES_PER_CLIENT:
+            return None
+        return (
+            f"exec {request.exec!r}: client {request.client_id!r} already created "
+            f"{client.exec_queues} exec queues, the most one client may "
+            f"({MAX_EXEC_QUEUES_PER_CLIENT}); use an existing exec name"
+        )
+
+    def _on_enqueued(self, event: Enqueued) -> None:
+        # Also the fold of logged `enqueued` events (`apply` dispatches here): a replayed
+        # log counts each client's queues like the leader that wrote it.
+        created = event.exec not in self._queues
+        super()._on_enqueued(event)
+        if created:
+            self._clients[event.client_id].exec_queues += 1
 
     def _enqueue(self, request: SubmitRequest, now: float, out: list[Event]) -> None:
         config = self.config

@@ -1,7 +1,7 @@
 """Typed failures of the core.
 
 `Rejected` answers a command that is not valid in the current state (the API maps its code to
-404/409/422); nothing was applied. `InvalidTransition` means an *event* does not fit the state
+403/404/409/422); nothing was applied. `InvalidTransition` means an *event* does not fit the state
 it is applied to: the log and the state disagree, which is a bug or a corrupt log, never a user
 error.
 """
@@ -17,7 +17,8 @@ class RejectCode(StrEnum):
     NOT_FOUND = "not_found"
     """No job with this id."""
     STALE_LEASE = "stale_lease"
-    """The attempt/lease (or worker) is not the job's current assignment."""
+    """The attempt/lease (or worker, or the worker's owner) is not the job's current
+    assignment."""
     ALREADY_SETTLED = "already_settled"
     """The attempt/lease is the job's last one, but it ended with a different outcome."""
     NOT_CANCELLABLE = "not_cancellable"
@@ -30,6 +31,8 @@ class RejectCode(StrEnum):
     """A leader epoch not newer than the current one."""
     INVALID = "invalid"
     """A malformed argument (bad pattern, non-positive credit, ...)."""
+    FORBIDDEN = "forbidden"
+    """The worker id is live and registered by another API key."""
 
     @property
     def http_status(self) -> int:
@@ -46,6 +49,7 @@ _HTTP_STATUS: dict[RejectCode, int] = {
     RejectCode.UNKNOWN_WORKER: 404,
     RejectCode.STALE_EPOCH: 409,
     RejectCode.INVALID: 422,
+    RejectCode.FORBIDDEN: 403,
 }
 
 

@@ -66,11 +66,24 @@ class Pruned(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerJoined(Event):
-    """A worker (re)registered with its subject patterns; it starts with no credit."""
+    """A worker (re)registered with its subject patterns; it starts with no credit.
+
+    `owner` is the name of the API key that registered the worker id (the id is bound to it
+    until the worker is lost); None keeps the owner already recorded (an admin's join, or a
+    log written before owners existed)."""
 
     type: ClassVar[str] = "worker_joined"
     worker_id: str
     subjects: tuple[str, ...]
+    owner: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = Event.to_dict(self)
+        if out["owner"] is None:
+            # Left out rather than null: a join without an owner is written exactly as
+            # before owners existed, so nodes that do not know the field still read it.
+            del out["owner"]
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -253,7 +266,9 @@ def _exec(value: Any, label: str) -> str:
 def _subjects(value: Any, label: str) -> tuple[str, ...]:
     patterns = v.as_str_tuple(value, label)
     try:
-        return validate_patterns(patterns)
+        # Unbounded: a log written before the pattern limits must still replay (the limits
+        # apply to what a worker sends, in `join`).
+        return validate_patterns(patterns, bounded=False)
     except ValueError as error:
         raise ValueError(f"{label}: {error}") from None
 
@@ -281,7 +296,7 @@ _JOB: dict[str, _Parse] = {"job_id": v.as_id}
 _SCHEMAS: dict[type[Event], dict[str, _Parse]] = {
     LeaderElected: {"holder": v.as_str},
     Pruned: {"before": v.as_number},
-    WorkerJoined: {"worker_id": v.as_id, "subjects": _subjects},
+    WorkerJoined: {"worker_id": v.as_id, "subjects": _subjects, "owner": v.as_opt_str},
     CreditGranted: {
         "worker_id": v.as_id,
         "credits": lambda value, label: v.as_int(value, label, minimum=0),

@@ -68,6 +68,12 @@ class DispatcherQueries(DispatcherState):
         worker = self._workers.get(worker_id)
         return None if worker is None else worker.record()
 
+    def worker_owner(self, worker_id: str) -> str | None:
+        """The name of the API key the live worker id is bound to; None when the worker is
+        unknown or its owner is (an admin's join, a placeholder after a restore)."""
+        worker = self._workers.get(worker_id)
+        return None if worker is None else worker.owner
+
     def workers(self) -> list[WorkerRecord]:
         return [worker.record() for worker in self._workers.values()]
 

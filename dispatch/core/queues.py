@@ -28,18 +28,28 @@ _QUEUED = JobStatus.QUEUED
 _COMPACT_MIN_STALE = 64
 _KEEP_LEVELS = 8
 _KEEP_LANES = 1024
+MAX_EXEC_QUEUES_PER_CLIENT = 1000
+"""Exec queues one client may create (by submitting the first job of an exec name nobody
+used). Queues are never dropped while the leader runs, and every join, scrape of /metrics
+and `GET /v1/queues` walks them all: 10,000 exec names made a job's round trip 10x slower.
+Submitting to an existing queue (one another client created, too) is always allowed. Counted
+from what the leader folded since its snapshot; queues restored from a snapshot count for no
+one."""
 
 
 class ClientState:
-    """A client's in-flight count against its cap, and the lanes parked while it is full."""
+    """A client's in-flight count against its cap, the lanes parked while it is full, and
+    how many exec queues it created."""
 
-    __slots__ = ("cap", "client_id", "inflight", "parked")
+    __slots__ = ("cap", "client_id", "exec_queues", "inflight", "parked")
 
     def __init__(self, client_id: str, cap: int) -> None:
         self.client_id = client_id
         self.cap = cap
         self.inflight = 0
         self.parked: list[Lane] = []
+        self.exec_queues = 0
+        """Exec queues its submissions created (see MAX_EXEC_QUEUES_PER_CLIENT)."""
 
     @property
     def full(self) -> bool:

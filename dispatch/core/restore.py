@@ -76,7 +76,9 @@ def load_snapshot(
     for record in worker_records:
         if record.worker_id in state._workers:
             raise ValueError(f"restore: worker {record.worker_id!r} appears twice")
-        worker = state._add_worker(record.worker_id, record.subjects, record.last_seen)
+        worker = state._add_worker(
+            record.worker_id, record.subjects, record.last_seen, record.owner
+        )
         worker.credit = record.credit
 
     # Exec queues and clients are created in the order of their first job by seq, as the

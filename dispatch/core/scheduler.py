@@ -2,9 +2,10 @@
 
 Every command of the `Dispatcher` is built on this layer. A command validates its request,
 decides events, folds each through the same handlers `apply` uses (`_emit`) and returns them.
-It takes `now` (unix seconds) from the caller; the core never reads a clock and never draws
-random numbers, so the same inputs give the same events. Time never goes back: a `now` older
-than the latest time seen is treated as that time.
+It takes `now` (unix seconds) from the caller; the core never reads a clock, and its one
+random input, the token of each new lease, comes from the source the dispatcher was given
+(`leases`), so the same inputs (and tokens) give the same events. Time never goes back: a
+`now` older than the latest time seen is treated as that time.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class Scheduler(DispatcherQueries):
         out.append(event)
 
     def _lease(self) -> str:
-        return f"{self.fence.epoch}.{self._assign_seq + 1}"
+        """A new lease: the deciding epoch and 128 random bits (see `leases`)."""
+        return f"{self.fence.epoch}.{self._lease_token()}"
 
     def _matching(self, queue: ExecQueue) -> list[WorkerState]:
         workers = queue.workers
@@ -112,14 +114,23 @@ class Scheduler(DispatcherQueries):
         deadlines = self._deadlines
         if deadlines.heap and deadlines.heap[0][0] <= now:
             for job in deadlines.pop_expired(now):
-                self._expire(job, now, out)
+                # Checked again here: the heap may hold two live-looking entries for one
+                # job (a redriven job assigned again at the same instant gets the same
+                # deadline), and the first `_expire` already moved it on (requeued, or
+                # reassigned with a later deadline).
+                if job.status is _RUNNING and job.deadline is not None and job.deadline <= now:
+                    self._expire(job, now, out)
         self._dispatch(now, out)
         return out
 
     def _expire(self, job: JobRecord, now: float, out: list[Event]) -> None:
         """The job's deadline passed: reassign it, preferably to another matching worker with
-        credit, else to the same worker (which keeps the timed-out attempt's slot), with
-        attempt + 1; dead-letter it if that was its last attempt."""
+        credit, else to the same worker if it has credit left, with attempt + 1; else it waits
+        at the front of its queue. Dead-letter it if that was its last attempt.
+
+        The same worker spends a credit like any other: it may still be running the timed-out
+        attempt (stuck, or slow), which holds its slot until the worker gives it back, so a
+        new attempt on the old slot would make it hold more jobs than it has slots."""
         epoch = self.fence.epoch
         worker = self._workers[job.worker_id or ""]
         attempt = job.attempts
@@ -140,11 +151,11 @@ class Scheduler(DispatcherQueries):
             return
         queue = self._queues[job.exec]
         target = pick_worker(self._matching(queue), exclude=worker)
-        if target is None and worker.matches(queue.subject):
+        if target is None and worker.credit > 0 and worker.matches(queue.subject):
             target = worker
         if target is None:
-            # Only a worker whose subjects changed (or a placeholder after a restore) gets
-            # here: nobody can take the job now, so it waits in its queue.
+            # Nobody has room for it now (or only a worker whose subjects changed, or a
+            # placeholder after a restore, held it): it waits at the front of its queue.
             event: Event = Requeued(
                 epoch=epoch,
                 at=now,
@@ -183,6 +194,7 @@ class Scheduler(DispatcherQueries):
         rotation = self._rotation
         epoch = self.fence.epoch
         on_assigned = self._on_assigned
+        lease_token = self._lease_token
         while rotation:
             queue = rotation[0]
             worker = None
@@ -206,7 +218,7 @@ class Scheduler(DispatcherQueries):
                 job.id,
                 worker.worker_id,
                 attempt,
-                f"{epoch}.{self._assign_seq + 1}",
+                f"{epoch}.{lease_token()}",
                 now + timeout,
             )
             on_assigned(event)

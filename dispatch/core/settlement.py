@@ -4,6 +4,13 @@ A settlement for the job's current assignment applies; the exact repeat of one t
 applied (same attempt and lease, same outcome) answers with no events, so a worker may retry
 safely; anything else is refused: `stale_lease` when the attempt/lease is not the job's
 latest, `already_settled` when it is but that attempt ended another way.
+
+A lease is bound to the worker that holds it. `worker_id=` (the settling worker) must be the
+job's worker, and `owner=` (the name of the API key settling) must be the owner recorded for
+the job's worker when one is recorded (a worker joined by an admin, or a placeholder after a
+restore, has none: the unguessable lease alone decides). A settlement failing either check
+is `stale_lease`, worded exactly as for a wrong lease when `owner` is given, so a worker key
+probing other workers' jobs learns nothing, not even who holds them.
 """
 
 from __future__ import annotations
@@ -28,6 +35,11 @@ _RUNNING = JobStatus.RUNNING
 class SettlementCommands(Scheduler):
     """What a worker reports about a job it holds."""
 
+    def _foreign(self, job: JobRecord, owner: str) -> bool:
+        """Whether the job's worker is live and registered by a key other than `owner`."""
+        worker = self._workers.get(job.worker_id or "")
+        return worker is not None and worker.owner is not None and worker.owner != owner
+
     def _current(
         self,
         job_id: str,
@@ -35,11 +47,12 @@ class SettlementCommands(Scheduler):
         lease: str,
         worker_id: str | None,
         *,
+        owner: str | None = None,
         repeat_of: JobStatus | None,
         repeat_reasons: frozenset[DeadReason] = frozenset(),
     ) -> JobRecord | None:
-        """The job if (attempt, lease, worker) is its current assignment; None if this exact
-        settlement was already applied (an idempotent repeat); Rejected otherwise."""
+        """The job if (attempt, lease, worker, owner) is its current assignment; None if this
+        exact settlement was already applied (an idempotent repeat); Rejected otherwise."""
         if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
             raise Rejected(
                 RejectCode.INVALID, f"attempt: expected an integer >= 1, got {attempt!r}"
@@ -47,8 +60,13 @@ class SettlementCommands(Scheduler):
         if not isinstance(lease, str) or not lease:
             raise Rejected(RejectCode.INVALID, f"lease: expected a non-empty string, got {lease!r}")
         job = self._job(job_id)
-        same_assignment = attempt == job.attempts and lease == job.lease
-        if same_assignment and (worker_id is None or worker_id == job.worker_id):
+        same_assignment = (
+            attempt == job.attempts
+            and lease == job.lease
+            and (worker_id is None or worker_id == job.worker_id)
+            and (owner is None or not self._foreign(job, owner))
+        )
+        if same_assignment:
             if job.status is _RUNNING:
                 return job
             if job.status is repeat_of and (
@@ -63,17 +81,20 @@ class SettlementCommands(Scheduler):
                 f"attempt {attempt} of job {job_id!r} has already ended: the job is {outcome}",
                 job_id=job_id,
             )
-        if job.status is _RUNNING:
-            holder = f"attempt {job.attempts} by worker {job.worker_id!r}"
-        else:
-            holder = f"no attempt (the job is {job.status.value})"
-        raise Rejected(
-            RejectCode.STALE_LEASE,
+        refusal = (
             f"attempt {attempt} with lease {lease!r}"
             + (f" by worker {worker_id!r}" if worker_id is not None else "")
-            + f" does not hold job {job_id!r}; it is held by {holder}",
-            job_id=job_id,
+            + f" does not hold job {job_id!r}"
         )
+        if owner is None:
+            # An admin (or a caller that did not say who it is) may see who holds the job;
+            # a worker key may not.
+            if job.status is _RUNNING:
+                holder = f"attempt {job.attempts} by worker {job.worker_id!r}"
+            else:
+                holder = f"no attempt (the job is {job.status.value})"
+            refusal += f"; it is held by {holder}"
+        raise Rejected(RejectCode.STALE_LEASE, refusal, job_id=job_id)
 
     def ack(
         self,
@@ -84,9 +105,11 @@ class SettlementCommands(Scheduler):
         *,
         result: Any = None,
         worker_id: str | None = None,
+        owner: str | None = None,
     ) -> list[Event]:
         """The worker finished the job (`completed`, with its result). Repeating the same ack
-        after success returns [] (read the outcome with `job(id)`)."""
+        after success returns [] (read the outcome with `job(id)`). `worker_id` and `owner`,
+        when given, must be the job's worker and its key (see the module's doc)."""
         job = self._jobs.get(job_id)
         if (
             job is None
@@ -94,8 +117,11 @@ class SettlementCommands(Scheduler):
             or attempt != job.attempts
             or lease != job.lease
             or (worker_id is not None and worker_id != job.worker_id)
+            or (owner is not None and self._foreign(job, owner))
         ):
-            job = self._current(job_id, attempt, lease, worker_id, repeat_of=JobStatus.SUCCEEDED)
+            job = self._current(
+                job_id, attempt, lease, worker_id, owner=owner, repeat_of=JobStatus.SUCCEEDED
+            )
             if job is None:
                 return []
         now = float(now)
@@ -117,10 +143,11 @@ class SettlementCommands(Scheduler):
         now: float,
         *,
         worker_id: str | None = None,
+        owner: str | None = None,
     ) -> tuple[list[Event], list[Rejected]]:
         """Settle many successes at once: `acks` holds (job_id, attempt, lease, result), all
-        from `worker_id` when given (an ack for another worker's assignment is refused as
-        stale, as `ack` refuses it).
+        from `worker_id` (and the key `owner`) when given (an ack for another worker's or
+        another key's assignment is refused as stale, as `ack` refuses it).
 
         Returns (events, rejections): one `completed` per accepted ack (none for idempotent
         repeats), then the assignments of a single pass; an invalid ack does not stop the
@@ -143,10 +170,16 @@ class SettlementCommands(Scheduler):
                 or attempt != job.attempts
                 or lease != job.lease
                 or (worker_id is not None and worker_id != job.worker_id)
+                or (owner is not None and self._foreign(job, owner))
             ):
                 try:
                     job = self._current(
-                        job_id, attempt, lease, worker_id, repeat_of=JobStatus.SUCCEEDED
+                        job_id,
+                        attempt,
+                        lease,
+                        worker_id,
+                        owner=owner,
+                        repeat_of=JobStatus.SUCCEEDED,
                     )
                 except Rejected as rejection:
                     rejected.append(rejection)
@@ -170,13 +203,20 @@ class SettlementCommands(Scheduler):
         error: str = "",
         retryable: bool = True,
         worker_id: str | None = None,
+        owner: str | None = None,
     ) -> list[Event]:
         """The attempt failed. Permanent: dead-letter at once. Retryable: requeue (in front of
         its client's later jobs) for attempt + 1, or dead-letter if no attempt is left.
         Repeating a failure that dead-lettered the job returns []."""
         repeat = frozenset({DeadReason.PERMANENT_FAILURE, DeadReason.RETRIES_EXHAUSTED})
         job = self._current(
-            job_id, attempt, lease, worker_id, repeat_of=JobStatus.DEAD, repeat_reasons=repeat
+            job_id,
+            attempt,
+            lease,
+            worker_id,
+            owner=owner,
+            repeat_of=JobStatus.DEAD,
+            repeat_reasons=repeat,
         )
         if job is None:
             return []
@@ -211,11 +251,18 @@ class SettlementCommands(Scheduler):
         return out
 
     def heartbeat(
-        self, job_id: str, attempt: int, lease: str, now: float, *, worker_id: str | None = None
+        self,
+        job_id: str,
+        attempt: int,
+        lease: str,
+        now: float,
+        *,
+        worker_id: str | None = None,
+        owner: str | None = None,
     ) -> list[Event]:
         """The worker is still on the job: its deadline becomes now + the attempt's timeout
         (never earlier than it was). Also counts as the worker's heartbeat."""
-        job = self._current(job_id, attempt, lease, worker_id, repeat_of=None)
+        job = self._current(job_id, attempt, lease, worker_id, owner=owner, repeat_of=None)
         assert job is not None and job.deadline is not None  # a running job has a deadline
         now = self._now(now)
         extended = now + self.config.ack_timeout(job.timeout_s, job.attempts)

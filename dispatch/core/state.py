@@ -7,8 +7,8 @@ and tests fold logged events with `apply`. Job status changes go through the per
 workers and their credit, per-client in-flight counts, the deadline and delay heaps, the DLQ.
 
 Replay never decides anything, and tolerates one gap: a restored snapshot does not hold
-worker credit or subjects, so an event naming an unknown worker creates a placeholder worker
-(no subjects, no credit) and credit never goes below zero.
+worker credit, subjects or owners, so an event naming an unknown worker creates a placeholder
+worker (no subjects, no credit, no known owner) and credit never goes below zero.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from dispatch.core.events import (
 )
 from dispatch.core.fence import EpochFence
 from dispatch.core.job import DeadReason, JobRecord, JobStatus, RequeueReason
+from dispatch.core.leases import LeaseTokens, RandomLeaseTokens
 from dispatch.core.queues import ClientState, ExecQueue, unpark
 from dispatch.core.timers import DeadlineHeap, DelayHeap, ExpiryHeap
 from dispatch.core.workers import WorkerState
@@ -55,9 +56,21 @@ _WORKER_REPORTED_DEATHS = frozenset({DeadReason.PERMANENT_FAILURE, DeadReason.RE
 class DispatcherState:
     """All state of one dispatcher group, and `apply`. Not thread-safe: one caller at a time."""
 
-    def __init__(self, config: CoreConfig | None = None, *, epoch: int = 0) -> None:
+    def __init__(
+        self,
+        config: CoreConfig | None = None,
+        *,
+        epoch: int = 0,
+        lease_token: LeaseTokens | None = None,
+    ) -> None:
+        """`lease_token` draws the random part of each new lease (`leases.RandomLeaseTokens`
+        by default; pass `leases.seeded_lease_tokens(seed)` for reproducible events). Only
+        commands draw: folding an event reads the lease it carries."""
         self.config = config if config is not None else CoreConfig()
         self.fence = EpochFence(epoch)
+        self._lease_token: LeaseTokens = (
+            lease_token if lease_token is not None else RandomLeaseTokens()
+        )
         self._jobs: dict[str, JobRecord] = {}
         self._workers: dict[str, WorkerState] = {}
         self._clients: dict[str, ClientState] = {}
@@ -75,7 +88,8 @@ class DispatcherState:
         self._counts: dict[str, int] = dict.fromkeys([status.value for status in JobStatus], 0)
         self._delayed = 0
         self._assign_seq = 0
-        """Assignments folded so far; the next lease is f"{epoch}.{_assign_seq + 1}"."""
+        """Assignments and reassignments folded so far (a count for `state_view`; leases are
+        random, see `leases`)."""
         self._next_seq = 1
         """Queue position of the next submission or redrive."""
         self._front_seq = -1
@@ -187,8 +201,10 @@ class DispatcherState:
             worker = self._add_worker(worker_id, (), at)
         return worker
 
-    def _add_worker(self, worker_id: str, subjects: tuple[str, ...], at: float) -> WorkerState:
-        worker = self._workers[worker_id] = WorkerState(worker_id, subjects, at)
+    def _add_worker(
+        self, worker_id: str, subjects: tuple[str, ...], at: float, owner: str | None = None
+    ) -> WorkerState:
+        worker = self._workers[worker_id] = WorkerState(worker_id, subjects, at, owner)
         expiry = self.config.worker_expiry_s
         if expiry is not None:
             self._expiry.push(at + expiry, worker)
@@ -238,9 +254,13 @@ class DispatcherState:
     def _on_worker_joined(self, event: WorkerJoined) -> None:
         worker = self._workers.get(event.worker_id)
         if worker is None:
-            worker = self._add_worker(event.worker_id, event.subjects, event.at)
+            worker = self._add_worker(event.worker_id, event.subjects, event.at, event.owner)
         else:
             worker.last_seen = event.at
+            # A join without an owner (an admin's, or a log older than owners) keeps the one
+            # recorded; the command refused a join by another owner before it was logged.
+            if event.owner is not None:
+                worker.owner = event.owner
             if worker.subjects != event.subjects:
                 worker.set_subjects(event.subjects)
                 self._forget_matches()
@@ -331,8 +351,10 @@ class DispatcherState:
             if previous is not None:
                 previous.running.pop(job.id, None)
             worker.running[job.id] = job
-            if worker.credit > 0:
-                worker.credit -= 1
+        # A reassignment to the same worker spends a credit too: the timed-out attempt still
+        # holds its slot until the worker gives it back (`Scheduler._expire`).
+        if worker.credit > 0:
+            worker.credit -= 1
         self._assign_seq += 1
         self._deadlines.push(event.deadline, job, self._counts[_RUNNING_KEY])
 

@@ -11,6 +11,12 @@ from collections.abc import Iterable
 
 ASSIGN_PREFIX = "job.assign."
 _FORBIDDEN_CHARS = frozenset(" \t\r\n")
+MAX_PATTERNS = 100
+"""Subject patterns one worker may register. Matching a queue against a worker tries each
+pattern, and every join is checked against every exec queue: the bound keeps both small (a
+worker taking many kinds of job uses wildcards, `job.assign.image.>`)."""
+MAX_PATTERN_CHARS = 256
+"""Characters in one subject pattern (`job.assign.` plus an exec pattern)."""
 
 
 def _tokens(text: str, what: str) -> list[str]:
@@ -46,15 +52,27 @@ def compile_pattern(pattern: str) -> tuple[str, ...]:
     return tuple(tokens)
 
 
-def validate_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
-    """Validate a worker's patterns: at least one, each well formed, duplicates dropped."""
+def validate_patterns(patterns: Iterable[str], *, bounded: bool = True) -> tuple[str, ...]:
+    """Validate a worker's patterns: at least one, each well formed, duplicates dropped, in
+    linear time. `bounded`: at most MAX_PATTERNS distinct patterns of at most
+    MAX_PATTERN_CHARS characters each (pass False only to read back what an older version
+    logged)."""
     if isinstance(patterns, str):
         raise ValueError(f"subjects: expected a list of patterns, got the string {patterns!r}")
-    result: list[str] = []
+    # A dict, not a list: `in` on a list made 30,000 patterns take seconds (quadratic).
+    result: dict[str, None] = {}
     for pattern in patterns:
+        if bounded and isinstance(pattern, str) and len(pattern) > MAX_PATTERN_CHARS:
+            raise ValueError(
+                f"subject pattern: at most {MAX_PATTERN_CHARS} characters, got {len(pattern)}"
+            )
         compile_pattern(pattern)
-        if pattern not in result:
-            result.append(pattern)
+        result[pattern] = None
+        if bounded and len(result) > MAX_PATTERNS:
+            raise ValueError(
+                f"subjects: at most {MAX_PATTERNS} patterns per worker "
+                "(use wildcards such as job.assign.image.>)"
+            )
     if not result:
         raise ValueError("subjects: at least one subject pattern is required")
     return tuple(result)

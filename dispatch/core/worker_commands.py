@@ -1,4 +1,9 @@
-"""Worker commands: join, credit, heartbeat, loss."""
+"""Worker commands: join, credit, heartbeat, loss.
+
+A worker id is bound to the API key (its name, the *owner*) that joined it: while the worker
+is live, a join by another key is refused (`forbidden`), so a key cannot take over another's
+worker, its subjects or its jobs. A lost worker is forgotten, owner included: its id is free.
+"""
 
 from __future__ import annotations
 
@@ -22,18 +27,37 @@ MAX_CREDITS = 1_000_000
 class WorkerCommands(Scheduler):
     """What a worker (or the API on its behalf) tells the dispatcher."""
 
-    def join(self, worker_id: str, subjects: Sequence[str], now: float) -> list[Event]:
+    def join(
+        self, worker_id: str, subjects: Sequence[str], now: float, *, owner: str | None = None
+    ) -> list[Event]:
         """Register a worker, or update a known one's subject patterns (its credit and running
-        jobs are kept, so joining again is harmless)."""
+        jobs are kept, so joining again is harmless).
+
+        `owner` names the API key joining. A new worker records it; a known worker whose
+        recorded owner is another key refuses the join (`forbidden`), and one with no known
+        owner (a placeholder after a restore, an admin's join) takes it. `owner=None` (an
+        admin) skips the check and keeps the recorded owner."""
         try:
             v.as_id(worker_id, "worker_id")
             patterns = validate_patterns(subjects)
+            if owner is not None and (not isinstance(owner, str) or not owner):
+                raise ValueError(f"owner: expected a non-empty string or None, got {owner!r}")
         except ValueError as error:
             raise Rejected(RejectCode.INVALID, str(error)) from None
+        known = self._workers.get(worker_id)
+        if (
+            owner is not None
+            and known is not None
+            and known.owner is not None
+            and known.owner != owner
+        ):
+            raise Rejected(RejectCode.FORBIDDEN, f"worker {worker_id!r} belongs to another key")
         now = self._now(now)
         out: list[Event] = []
         self._emit(
-            WorkerJoined(epoch=self.fence.epoch, at=now, worker_id=worker_id, subjects=patterns),
+            WorkerJoined(
+                epoch=self.fence.epoch, at=now, worker_id=worker_id, subjects=patterns, owner=owner
+            ),
             out,
         )
         self._dispatch(now, out)

@@ -1,4 +1,4 @@
-"""Worker state: subject patterns, credit, running jobs, liveness."""
+"""Worker state: subject patterns, credit, running jobs, liveness, and who owns the worker id."""
 
 from __future__ import annotations
 
@@ -14,10 +14,19 @@ from dispatch.core.subjects import compile_pattern, match_tokens, validate_patte
 class WorkerState:
     """A joined worker, as the core tracks it (internal and mutable)."""
 
-    __slots__ = ("credit", "last_seen", "patterns", "running", "subjects", "worker_id")
+    __slots__ = ("credit", "last_seen", "owner", "patterns", "running", "subjects", "worker_id")
 
-    def __init__(self, worker_id: str, subjects: tuple[str, ...], last_seen: float) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        subjects: tuple[str, ...],
+        last_seen: float,
+        owner: str | None = None,
+    ) -> None:
         self.worker_id = worker_id
+        self.owner = owner
+        """The API key (its name) that registered the worker id; None when unknown (joined
+        by an admin, a placeholder after a restore, or a log older than owners)."""
         self.subjects = subjects
         self.patterns = tuple(compile_pattern(pattern) for pattern in subjects)
         self.credit = 0
@@ -40,6 +49,7 @@ class WorkerState:
             credit=self.credit,
             last_seen=self.last_seen,
             running=tuple(self.running),
+            owner=self.owner,
         )
 
 
@@ -56,6 +66,8 @@ class WorkerRecord:
     credit: int = 0
     last_seen: float = 0.0
     running: tuple[str, ...] = ()
+    owner: str | None = None
+    """The name of the API key that registered the worker id (None: unknown)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,6 +76,7 @@ class WorkerRecord:
             "credit": self.credit,
             "last_seen": self.last_seen,
             "running": list(self.running),
+            "owner": self.owner,
         }
 
     @classmethod
@@ -72,7 +85,8 @@ class WorkerRecord:
         v.check_keys(data, _WORKER_FIELDS, where)
         subjects = v.as_str_tuple(v.field_value(data, "subjects", where), "worker.subjects")
         try:
-            subjects = validate_patterns(subjects)
+            # Unbounded: a snapshot written before the pattern limits must still load.
+            subjects = validate_patterns(subjects, bounded=False)
         except ValueError as error:
             raise ValueError(f"worker.subjects: {error}") from None
         return cls(
@@ -81,10 +95,11 @@ class WorkerRecord:
             credit=v.as_int(v.field_value(data, "credit", where, 0), "worker.credit", minimum=0),
             last_seen=v.as_number(v.field_value(data, "last_seen", where, 0.0), "worker.last_seen"),
             running=v.as_str_tuple(v.field_value(data, "running", where, []), "worker.running"),
+            owner=v.as_opt_str(v.field_value(data, "owner", where, None), "worker.owner"),
         )
 
 
-_WORKER_FIELDS = frozenset({"worker_id", "subjects", "credit", "last_seen", "running"})
+_WORKER_FIELDS = frozenset({"worker_id", "subjects", "credit", "last_seen", "running", "owner"})
 
 
 def pick_worker(

@@ -10,11 +10,11 @@ from bench.failover_bench import Receipt, first_receipt, lease_epoch, p50_max, t
 
 
 def test_the_epoch_of_a_lease_token_is_before_the_dot() -> None:
-    assert lease_epoch("7.123") == 7
+    assert lease_epoch("7." + "ab" * 16) == 7
     assert lease_epoch("12.1") == 12
 
 
-@pytest.mark.parametrize("token", ["", "7", "7.", ".3", "a.1", "1.b", "-1.2"])
+@pytest.mark.parametrize("token", ["", "7", "7.", ".3", "a.1", "1.xyz", "-1.2"])
 def test_a_malformed_lease_token_is_refused(token: str) -> None:
     with pytest.raises(ValueError, match="not a lease token"):
         lease_epoch(token)

@@ -13,15 +13,17 @@ from dispatch.core import (
     Reassigned,
     SubmitRequest,
 )
+from dispatch.core.leases import seeded_lease_tokens
 
 T0 = 1_000.0
 """The time tests start at (any positive number would do)."""
 
 
 def make(**config: Any) -> Dispatcher:
-    """A dispatcher with defaults suited to tests: no worker expiry unless asked for."""
+    """A dispatcher with defaults suited to tests: no worker expiry unless asked for, and
+    lease tokens from a seeded source, so the same commands give the same events."""
     config.setdefault("worker_expiry_s", None)
-    return Dispatcher(CoreConfig(**config))
+    return Dispatcher(CoreConfig(**config), lease_token=seeded_lease_tokens(0))
 
 
 def request(job_id: str, exec_name: str = "image.resize", **fields: Any) -> SubmitRequest:

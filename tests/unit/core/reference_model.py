@@ -80,6 +80,7 @@ class MWorker:
     id: str
     subjects: tuple[str, ...]
     last_seen: float
+    owner: str | None = None
     credit: int = 0
     running: list[str] = field(default_factory=list)
 
@@ -157,7 +158,9 @@ class Model:
 
     def _take_lease(self, lease: str) -> None:
         assert lease not in self.leases, f"lease {lease} reused"
-        assert lease.startswith(f"{self.epoch}."), lease
+        epoch, dot, token = lease.partition(".")
+        assert (epoch, dot) == (str(self.epoch), "."), lease
+        assert len(token) == 32 and int(token, 16) >= 0, f"not 128 random bits: {lease}"
         self.leases.add(lease)
 
     def _absorb_enqueued(self, event: Enqueued, context: str, subject: str | None) -> None:
@@ -217,14 +220,16 @@ class Model:
         if other is not None:
             assert event.worker_id == other.id, f"should prefer {other.id}"
         else:
+            # The same worker only with room: its timed-out attempt still holds a slot.
             assert event.worker_id == previous.id and self.matches(previous, job.exec)
+            assert previous.credit > 0
         assert event.deadline == event.at + self.timeout(job, event.attempt)
         self._take_lease(event.lease)
+        worker = self.workers[event.worker_id]
         if event.worker_id != previous.id:
             previous.running.remove(job.id)
-            worker = self.workers[event.worker_id]
             worker.running.append(job.id)
-            worker.credit -= 1
+        worker.credit -= 1
         job.attempts = event.attempt
         job.worker = event.worker_id
         job.lease = event.lease
@@ -255,7 +260,7 @@ class Model:
             assert reason == "timeout" and context == "tick"
             assert job.deadline is not None and job.deadline <= self.clock
             assert self.best_worker(job.exec, exclude=worker.id) is None
-            assert not self.matches(worker, job.exec)
+            assert worker.credit <= 0 or not self.matches(worker, job.exec)
         assert event.seq == self.front_seq
         self.front_seq -= 1
         self._stop(job, event.worker_id, alive=reason == "failed")
@@ -330,10 +335,17 @@ class Model:
         assert context == "join" and subject == event.worker_id
         worker = self.workers.get(event.worker_id)
         if worker is None:
-            self.workers[event.worker_id] = MWorker(event.worker_id, event.subjects, event.at)
+            self.workers[event.worker_id] = MWorker(
+                event.worker_id, event.subjects, event.at, event.owner
+            )
         else:
+            assert None in (worker.owner, event.owner) or worker.owner == event.owner, (
+                f"{worker.id} of {worker.owner} joined by {event.owner}"
+            )
             worker.subjects = event.subjects
             worker.last_seen = event.at
+            if event.owner is not None:
+                worker.owner = event.owner
 
     def _absorb_credit_granted(
         self, event: CreditGranted, context: str, subject: str | None

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from dispatch.core import _validate as v
+from dispatch.core.bounds import MAX_ID_LENGTH
 from dispatch.core.job import JobStatus
 
 
 def test_ids_are_non_empty_bounded_strings() -> None:
-    assert v.as_id("x" * v.MAX_ID_LENGTH, "job.id") == "x" * v.MAX_ID_LENGTH
-    for bad in ("", None, 3, "x" * (v.MAX_ID_LENGTH + 1)):
+    assert v.as_id("x" * MAX_ID_LENGTH, "job.id") == "x" * MAX_ID_LENGTH
+    for bad in ("", None, 3, "x" * (MAX_ID_LENGTH + 1)):
         with pytest.raises(ValueError, match=r"^job\.id:"):
             v.as_id(bad, "job.id")
 
@@ -47,3 +48,30 @@ def test_string_lists() -> None:
     for bad in ("ab", [1], None):
         with pytest.raises(ValueError, match=r"^s"):
             v.as_str_tuple(bad, "s")
+
+
+def test_submitted_ids_are_safe_as_one_url_segment() -> None:
+    for good in ("job-1", "a.b.c", "x:y@z_1", ".a", "a."):
+        assert v.as_submitted_id(good, "id") == good
+    for bad in ("a/b", "a..b", "..", ".", "a b", "a\nb", "a\x00", "é", "a%2Fb", "x" * 129):
+        with pytest.raises(ValueError, match=r"^id:"):
+            v.as_submitted_id(bad, "id")
+
+
+def test_log_ids_keep_the_older_rule_so_old_logs_replay() -> None:
+    assert v.as_id("a/b c", "job.id") == "a/b c"
+
+
+def test_errors_show_a_bad_value_briefly_and_safely() -> None:
+    deep: list[object] = []
+    for _ in range(50_000):
+        deep = [deep]
+    shown = [v.show(value) for value in (deep, {"a": 1}, "x" * 10_000, 10**5000, None, 1.5)]
+    assert shown[:2] == ["a list", "an object"]
+    assert shown[2] == repr("x" * 40) + "..."
+    assert shown[3].startswith("an integer of ")
+    assert shown[4:] == ["None", "1.5"]
+    with pytest.raises(ValueError, match=r"^n: expected an integer, got a list$"):
+        v.as_int(deep, "n")
+    with pytest.raises(ValueError, match=r"^x: unknown field\(s\) .* and 995 more$"):
+        v.check_keys({f"k{n}": n for n in range(1000)}, frozenset(), "x")

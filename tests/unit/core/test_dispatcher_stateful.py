@@ -4,13 +4,14 @@ Each rule sends one command to the core, checks the outcome the rules of SPEC.md
 rejection code, requeue versus dead-letter, deadlines, queue positions) and lets the reference
 model check and fold every emitted event. After every step: the internal indexes agree with
 the records, the model and the core agree job by job and worker by worker, attempts stay within
-max_attempts, credits stay non-negative, no client exceeds its cap, replaying the emitted
+max_attempts, credits stay non-negative, no client exceeds its cap, a worker id stays bound
+to the key that joined it (a join or settlement by another key is refused), replaying the emitted
 events (through the JSON codec) on an empty dispatcher gives the same state, folding each
 job's events with the per-job reducer gives the same record, and a dispatcher restored from
 the records holds the same state. At the end, a worker that acks everything drains all jobs
 to a terminal state.
 
-Runtime is bounded by the settings below (about 20 s on two shared cores); raise
+Runtime is bounded by the settings below (400 examples: about 35 s on two shared cores); raise
 CORE_STATEFUL_EXAMPLES to search longer.
 """
 
@@ -22,7 +23,13 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from dispatch.core import (
     Cancelled,
@@ -54,6 +61,7 @@ from dispatch.core import (
     state_view,
 )
 from dispatch.core.checks import check_caps, check_work_conserving
+from dispatch.core.leases import seeded_lease_tokens
 from tests.unit.core.reference_model import Model
 
 CONFIG = CoreConfig(
@@ -76,19 +84,42 @@ SUBJECT_SETS = [
     ("job.assign.img.>",),
     ("job.*.mail.*",),
 ]
+# The API keys that join workers; None is an admin (no owner check).
+OWNERS = ["k1", "k1", "k2", None]
 # Which (attempt, lease) a settling rule presents: the job's own, or a wrong one.
-LEASE_CHOICES = ["own", "own", "own", "attempt-1", "attempt+1", "bad-lease", "other-worker"]
+LEASE_CHOICES = [
+    "own",
+    "own",
+    "own",
+    "attempt-1",
+    "attempt+1",
+    "bad-lease",
+    "other-worker",
+    "other-owner",
+    "as-admin",
+]
+# A settling rule's job: any id, or (an index) one of the jobs assigned so far, so that the
+# wrong-lease and wrong-owner choices meet jobs that have a lease.
+SETTLE_TARGETS = st.one_of(st.sampled_from(JOB_IDS), st.integers(0, len(JOB_IDS) - 1))
 
 
 class DispatcherMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.core = Dispatcher(CONFIG)
+        self.core = Dispatcher(CONFIG, lease_token=seeded_lease_tokens(0))
         self.model = Model(CONFIG)
         self.replica = Dispatcher(CONFIG)
         self.job_events: dict[str, list[Event]] = defaultdict(list)
         self.now = 1000.0
         self.model.clock = self.now
+
+    @initialize(owner=st.sampled_from(OWNERS), credits=st.integers(0, 3))
+    def first_worker(self, owner: str | None, credits: int) -> None:
+        """Most runs start with a worker (of a key, or an admin's), so that jobs get leases
+        early and the settling rules meet running jobs, right and wrong keys included."""
+        self.join("w1", ("job.assign.>",), owner)
+        if credits:
+            self.grant_credit("w1", credits, False)
 
     # --- plumbing -------------------------------------------------------------------------
 
@@ -112,33 +143,60 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.record(events, context, subject)
         return events
 
-    def settle_args(self, job_id: str, choice: str) -> tuple[int, str, str | None]:
-        """(attempt, lease, worker_id) for a settling command."""
+    def target_job(self, pick: str | int) -> str:
+        if isinstance(pick, str):
+            return pick
+        leased = sorted(job.id for job in self.model.jobs.values() if job.lease is not None)
+        return leased[pick % len(leased)] if leased else JOB_IDS[pick]
+
+    def settle_args(self, job_id: str, choice: str) -> tuple[int, str, str | None, str | None]:
+        """(attempt, lease, worker_id, owner) for a settling command."""
         job = self.model.jobs.get(job_id)
         if job is None or job.lease is None:
-            return 1, "0.999", None
+            return 1, "0.999", None, None
+        holder = self.model.workers.get(job.worker or "")
+        owner = None if holder is None else holder.owner
         if choice == "attempt-1":
-            return max(1, job.attempts - 1), job.lease, None
+            return max(1, job.attempts - 1), job.lease, None, owner
         if choice == "attempt+1":
-            return job.attempts + 1, job.lease, None
+            return job.attempts + 1, job.lease, None, owner
         if choice == "bad-lease":
-            return job.attempts, job.lease + "x", None
+            return job.attempts, job.lease + "x", None, owner
         if choice == "other-worker":
-            return job.attempts, job.lease, "w-other"
-        return job.attempts, job.lease, job.worker
+            return job.attempts, job.lease, "w-other", owner
+        if choice == "other-owner":
+            return job.attempts, job.lease, job.worker, "k-intruder"
+        if choice == "as-admin":
+            return job.attempts, job.lease, None, None
+        return job.attempts, job.lease, job.worker, owner
 
     def expect_settlement(
-        self, job_id: str, attempt: int, lease: str, worker_id: str | None
+        self, job_id: str, attempt: int, lease: str, worker_id: str | None, owner: str | None
     ) -> str | RejectCode:
-        """'current' when (attempt, lease, worker) holds the running job, 'ended' when they
-        name its last attempt, which has ended; else the rejection code."""
+        """'current' when (attempt, lease, worker, owner) holds the running job, 'ended' when
+        they name its last attempt, which has ended; else the rejection code."""
         job = self.model.jobs.get(job_id)
         if job is None:
             return RejectCode.NOT_FOUND
         same = (attempt, lease) == (job.attempts, job.lease)
-        if same and worker_id in (None, job.worker):
+        holder = self.model.workers.get(job.worker or "")
+        foreign = (
+            owner is not None
+            and holder is not None
+            and holder.owner is not None
+            and holder.owner != owner
+        )
+        if same and worker_id in (None, job.worker) and not foreign:
             return "current" if job.status == "running" else "ended"
         return RejectCode.STALE_LEASE
+
+    @staticmethod
+    def check_refusal(
+        result: list[Event] | Rejected, expected: str | RejectCode, owner: str | None
+    ) -> None:
+        assert isinstance(result, Rejected) and result.code is expected, result
+        if owner is not None:
+            assert "held by" not in result.detail, "a worker key must not learn who holds a job"
 
     # --- clients --------------------------------------------------------------------------
 
@@ -239,12 +297,25 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     # --- workers --------------------------------------------------------------------------
 
-    @rule(worker=st.sampled_from(WORKERS), subjects=st.sampled_from(SUBJECT_SETS))
-    def join(self, worker: str, subjects: tuple[str, ...]) -> None:
-        events = self.run("join", worker, lambda: self.core.join(worker, list(subjects), self.now))
-        assert isinstance(events, list)
-        first = events[0]
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        subjects=st.sampled_from(SUBJECT_SETS),
+        owner=st.sampled_from(OWNERS),
+    )
+    def join(self, worker: str, subjects: tuple[str, ...], owner: str | None) -> None:
+        known = self.model.workers.get(worker)
+        recorded = None if known is None else known.owner
+        result = self.run(
+            "join", worker, lambda: self.core.join(worker, list(subjects), self.now, owner=owner)
+        )
+        if None not in (owner, recorded) and owner != recorded:
+            assert isinstance(result, Rejected) and result.code is RejectCode.FORBIDDEN
+            assert self.core.worker_owner(worker) == recorded
+            return
+        assert isinstance(result, list)
+        first = result[0]
         assert isinstance(first, WorkerJoined) and first.subjects == subjects
+        assert self.core.worker_owner(worker) == (owner if owner is not None else recorded)
 
     @rule(worker=st.sampled_from(WORKERS), credits=st.integers(1, 3), replace=st.booleans())
     def grant_credit(self, worker: str, credits: int, replace: bool) -> None:
@@ -286,16 +357,23 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     # --- settling -------------------------------------------------------------------------
 
-    @rule(job_id=st.sampled_from(JOB_IDS), choice=st.sampled_from(LEASE_CHOICES))
-    def ack(self, job_id: str, choice: str) -> None:
-        attempt, lease, worker_id = self.settle_args(job_id, choice)
-        expected = self.expect_settlement(job_id, attempt, lease, worker_id)
+    @rule(pick=SETTLE_TARGETS, choice=st.sampled_from(LEASE_CHOICES))
+    def ack(self, pick: str | int, choice: str) -> None:
+        job_id = self.target_job(pick)
+        attempt, lease, worker_id, owner = self.settle_args(job_id, choice)
+        expected = self.expect_settlement(job_id, attempt, lease, worker_id, owner)
         job = self.model.jobs.get(job_id)
         result = self.run(
             "ack",
             job_id,
             lambda: self.core.ack(
-                job_id, attempt, lease, self.now, result={"ok": job_id}, worker_id=worker_id
+                job_id,
+                attempt,
+                lease,
+                self.now,
+                result={"ok": job_id},
+                worker_id=worker_id,
+                owner=owner,
             ),
         )
         if expected == "current":
@@ -308,16 +386,17 @@ class DispatcherMachine(RuleBasedStateMachine):
             else:
                 assert isinstance(result, Rejected) and result.code is RejectCode.ALREADY_SETTLED
         else:
-            assert isinstance(result, Rejected) and result.code is expected
+            self.check_refusal(result, expected, owner)
 
     @rule(
-        job_id=st.sampled_from(JOB_IDS),
+        pick=SETTLE_TARGETS,
         choice=st.sampled_from(LEASE_CHOICES),
         retryable=st.booleans(),
     )
-    def fail(self, job_id: str, choice: str, retryable: bool) -> None:
-        attempt, lease, worker_id = self.settle_args(job_id, choice)
-        expected = self.expect_settlement(job_id, attempt, lease, worker_id)
+    def fail(self, pick: str | int, choice: str, retryable: bool) -> None:
+        job_id = self.target_job(pick)
+        attempt, lease, worker_id, owner = self.settle_args(job_id, choice)
+        expected = self.expect_settlement(job_id, attempt, lease, worker_id, owner)
         job = self.model.jobs.get(job_id)
         last_attempt = job is not None and job.attempts >= job.max_attempts
         result = self.run(
@@ -331,6 +410,7 @@ class DispatcherMachine(RuleBasedStateMachine):
                 error=f"boom {job_id}",
                 retryable=retryable,
                 worker_id=worker_id,
+                owner=owner,
             ),
         )
         if expected == "current":
@@ -355,23 +435,26 @@ class DispatcherMachine(RuleBasedStateMachine):
             else:
                 assert isinstance(result, Rejected) and result.code is RejectCode.ALREADY_SETTLED
         else:
-            assert isinstance(result, Rejected) and result.code is expected
+            self.check_refusal(result, expected, owner)
 
-    @rule(job_id=st.sampled_from(JOB_IDS), choice=st.sampled_from(LEASE_CHOICES))
-    def heartbeat(self, job_id: str, choice: str) -> None:
-        attempt, lease, worker_id = self.settle_args(job_id, choice)
-        expected = self.expect_settlement(job_id, attempt, lease, worker_id)
+    @rule(pick=SETTLE_TARGETS, choice=st.sampled_from(LEASE_CHOICES))
+    def heartbeat(self, pick: str | int, choice: str) -> None:
+        job_id = self.target_job(pick)
+        attempt, lease, worker_id, owner = self.settle_args(job_id, choice)
+        expected = self.expect_settlement(job_id, attempt, lease, worker_id, owner)
         result = self.run(
             "heartbeat",
             job_id,
-            lambda: self.core.heartbeat(job_id, attempt, lease, self.now, worker_id=worker_id),
+            lambda: self.core.heartbeat(
+                job_id, attempt, lease, self.now, worker_id=worker_id, owner=owner
+            ),
         )
         if expected == "current":
             assert isinstance(result, list) and [type(e) for e in result] == [JobHeartbeat]
         elif expected == "ended":
             assert isinstance(result, Rejected) and result.code is RejectCode.ALREADY_SETTLED
         else:
-            assert isinstance(result, Rejected) and result.code is expected
+            self.check_refusal(result, expected, owner)
 
     # --- time and leadership --------------------------------------------------------------
 
@@ -432,6 +515,7 @@ class DispatcherMachine(RuleBasedStateMachine):
             assert set(record.running) == set(mine_worker.running)
             assert record.subjects == mine_worker.subjects
             assert record.last_seen == mine_worker.last_seen
+            assert record.owner == mine_worker.owner
 
     @invariant()
     def replay_gives_the_same_state(self) -> None:
@@ -461,7 +545,7 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         """With a live worker that acks, every job ends succeeded, dead or cancelled."""
-        self.join("drain", ("job.>",))
+        self.join("drain", ("job.>",), "k-drain")
         for _ in range(100):
             if all(job.is_terminal for job in self.core.jobs()):
                 break

@@ -33,3 +33,8 @@ def test_rejected_carries_code_detail_and_job() -> None:
 
 def test_invalid_transition_is_a_value_error() -> None:
     assert issubclass(InvalidTransition, ValueError)
+
+
+def test_a_worker_id_of_another_key_is_forbidden() -> None:
+    assert RejectCode.FORBIDDEN.value == "forbidden"
+    assert RejectCode.FORBIDDEN.http_status == 403

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dispatch.core import EVENT_TYPES, Assigned, JobEvent, event_from_dict
+from dispatch.core import EVENT_TYPES, Assigned, JobEvent, WorkerJoined, event_from_dict
 from tests.unit.core.samples import SAMPLES
 
 
@@ -129,3 +129,18 @@ def test_events_are_frozen() -> None:
     event = SAMPLES[0]
     with pytest.raises(dataclasses.FrozenInstanceError):
         event.epoch = 9  # type: ignore[misc]
+
+
+def test_a_join_carries_its_owner_and_one_without_is_written_as_before() -> None:
+    owned = WorkerJoined(epoch=1, at=2.0, worker_id="w", subjects=("job.>",), owner="k1")
+    assert owned.to_dict()["owner"] == "k1"
+    assert event_from_dict(json.loads(json.dumps(owned.to_dict()))) == owned
+    plain = WorkerJoined(epoch=1, at=2.0, worker_id="w", subjects=("job.>",))
+    # No `owner` key at all: a log written before owners reads the same, and a node that
+    # does not know the field reads what a join without an owner writes.
+    assert plain.to_dict() == {
+        "type": "worker_joined", "epoch": 1, "at": 2.0, "worker_id": "w", "subjects": ["job.>"]
+    }  # fmt: skip
+    assert event_from_dict(plain.to_dict()) == plain
+    with pytest.raises(ValueError, match=r"worker_joined\.owner"):
+        event_from_dict({**plain.to_dict(), "owner": 7})

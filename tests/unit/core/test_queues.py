@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
-from dispatch.core import JobRecord, JobStatus
-from dispatch.core.queues import ClientState, ExecQueue, Lane, Level, unpark
+import pytest
+
+from dispatch.core import Dispatcher, JobRecord, JobStatus, SubmitRequest
+from dispatch.core.errors import RejectCode, Rejected
+from dispatch.core.events import Enqueued, Event
+from dispatch.core.queues import (
+    MAX_EXEC_QUEUES_PER_CLIENT,
+    ClientState,
+    ExecQueue,
+    Lane,
+    Level,
+    unpark,
+)
+from tests.unit.core.helpers import T0, make, request
 
 
 def rec(job_id: str, seq: int, client: str = "c", priority: int = 0) -> JobRecord:
@@ -102,3 +114,77 @@ def test_empty_levels_are_dropped_beyond_a_bound() -> None:
     drain(queue)
     assert len(queue.priorities) <= 8
     assert queue.priorities == sorted(queue.priorities)
+
+
+# --- exec queues per client ------------------------------------------------------------------
+
+
+def _fill(dispatcher: Dispatcher, client_id: str, count: int, prefix: str = "kind") -> None:
+    dispatcher.submit_many(
+        [
+            request(f"{client_id}-{n}", f"{prefix}{n}.run", client_id=client_id)
+            for n in range(count)
+        ],
+        T0,
+    )
+
+
+def test_a_client_may_create_at_most_max_exec_queues() -> None:
+    dispatcher = make()
+    _fill(dispatcher, "c1", MAX_EXEC_QUEUES_PER_CLIENT)
+    assert len(dispatcher.queue_stats()) == MAX_EXEC_QUEUES_PER_CLIENT
+    limit = f"the most one client may .{MAX_EXEC_QUEUES_PER_CLIENT}"
+    with pytest.raises(Rejected, match=limit) as no:
+        dispatcher.submit(request("one-more", "new.kind", client_id="c1"), T0)
+    assert no.value.code is RejectCode.INVALID and no.value.job_id == "one-more"
+    assert dispatcher.job_view("one-more") is None
+    assert len(dispatcher.queue_stats()) == MAX_EXEC_QUEUES_PER_CLIENT
+    # An existing queue takes more jobs, whoever created it; another client has its own budget.
+    assert dispatcher.submit(request("again", "kind7.run", client_id="c1"), T0)
+    assert dispatcher.submit(request("theirs", "kind7.run", client_id="c2"), T0)
+    assert dispatcher.submit(request("c2-own", "new.kind", client_id="c2"), T0)
+
+
+def test_a_submitter_learns_early_that_a_batch_would_create_too_many_queues() -> None:
+    dispatcher = make()
+    _fill(dispatcher, "c1", MAX_EXEC_QUEUES_PER_CLIENT - 1)
+    one_new = [request("a", "new.one", client_id="c1"), request("b", "new.one", client_id="c1")]
+    assert dispatcher.exec_queues_refusal(one_new) is None
+    two_new = [*one_new, request("c", "new.two", client_id="c1")]
+    refusal = dispatcher.exec_queues_refusal(two_new)
+    assert refusal is not None and "'c1'" in refusal and "would add 2" in refusal
+    # Existing queues and other clients' budgets do not count against c1.
+    existing = [request("d", "kind7.run", client_id="c1"), request("e", "x.y", client_id="c2")]
+    assert dispatcher.exec_queues_refusal([*one_new, *existing]) is None
+
+
+def test_a_batch_leaves_out_and_reports_what_would_create_a_queue_too_many() -> None:
+    dispatcher = make()
+    _fill(dispatcher, "c1", MAX_EXEC_QUEUES_PER_CLIENT - 1)
+    refused: list[tuple[SubmitRequest, str]] = []
+    batch = [
+        request("last-allowed", "new.one", client_id="c1"),
+        request("over", "new.two", client_id="c1"),
+        request("fine", "new.one", client_id="c1"),  # the queue the batch just created
+        request("other-client", "new.three", client_id="c2"),
+    ]
+    events = dispatcher.submit_many(batch, T0, refused=refused)
+    assert [event.job_id for event in events if isinstance(event, Enqueued)] == [
+        "last-allowed",
+        "fine",
+        "other-client",
+    ]
+    assert [(request.id, "new.two" in reason) for request, reason in refused] == [("over", True)]
+    # Without a list to report to, the refused job is still left out, and the rest goes on.
+    assert dispatcher.submit_many([request("x", "new.four", client_id="c1")], T0) == []
+
+
+def test_a_replayed_log_counts_each_clients_queues_like_the_leader() -> None:
+    leader = make()
+    logged: list[Event] = []
+    for n in range(MAX_EXEC_QUEUES_PER_CLIENT):
+        logged += leader.submit(request(f"c1-{n}", f"kind{n}.run", client_id="c1"), T0)
+    replica = make()
+    replica.apply_all(logged)
+    with pytest.raises(Rejected, match="exec queues"):
+        replica.submit(request("one-more", "new.kind", client_id="c1"), T0)

@@ -14,14 +14,26 @@ from dispatch.core import (
     Event,
     JobRecord,
     JobStatus,
+    RejectCode,
+    Rejected,
     WorkerRecord,
     check_invariants,
     state_view,
 )
+from dispatch.core.events import JobHeartbeat
 from dispatch.core.job import check_record
+from dispatch.core.leases import seeded_lease_tokens
 from dispatch.core.restore import load_snapshot
 from dispatch.core.state import DispatcherState
-from tests.unit.core.helpers import T0, assigned_ids, assignments, make, request, worker
+from tests.unit.core.helpers import (
+    T0,
+    assigned_ids,
+    assignments,
+    make,
+    request,
+    types,
+    worker,
+)
 
 
 def snapshot(d: Dispatcher) -> list[JobRecord]:
@@ -94,6 +106,42 @@ def test_workers_can_be_restored_with_their_credit_and_subjects() -> None:
     assert state_view(new)["workers"] == state_view(old)["workers"]
 
 
+def test_worker_owners_survive_a_restore_with_workers_and_a_replayed_tail() -> None:
+    old = make()
+    old.join("w1", ["job.assign.>"], T0, owner="k1")
+    old.grant_credit("w1", 1, T0)
+    old.submit(request("j1"), T0)
+    # With worker records: owners come back as they were.
+    new = Dispatcher.restore(
+        snapshot(old),
+        config=old.config,
+        workers=[WorkerRecord.from_dict(w.to_dict()) for w in old.workers()],
+    )
+    assert new.worker_owner("w1") == "k1"
+    # Jobs only (what a leader's rebuild reads), then the tail of the log: a join in the tail
+    # brings its owner back.
+    tail = old.join("w2", ["job.assign.>"], T0 + 1, owner="k2")
+    rebuilt = Dispatcher.restore(snapshot(old), config=old.config)
+    rebuilt.apply_all(tail)
+    assert rebuilt.worker_owner("w2") == "k2"
+
+
+def test_a_placeholder_has_no_owner_until_its_key_joins_it_again() -> None:
+    old, _ = busy_leader()
+    new = Dispatcher.restore(snapshot(old), config=old.config)
+    assert new.worker("w1") is not None and new.worker_owner("w1") is None
+    # Its running jobs are settled by their leases, whichever key sends them.
+    job = next(j for j in new.jobs() if j.status is JobStatus.RUNNING and j.worker_id == "w1")
+    assert types(new.ack(job.id, job.attempts, job.lease or "", T0 + 2, owner="k1")) == [
+        "completed"
+    ]
+    new.join("w1", ["job.assign.>"], T0 + 2, owner="k1")
+    assert new.worker_owner("w1") == "k1"
+    with pytest.raises(Rejected) as caught:
+        new.join("w1", ["job.assign.>"], T0 + 3, owner="k2")
+    assert caught.value.code is RejectCode.FORBIDDEN
+
+
 def test_queue_order_survives_a_restore() -> None:
     old = make(default_cap=100)
     old.submit_many([request(f"j{n}") for n in range(5)], T0)
@@ -123,6 +171,32 @@ def test_resume_gives_workers_a_fresh_expiry_window() -> None:
     assert [e.type for e in resumed.resume(T0 + 60)] == ["worker_heartbeat"]
     assert resumed.tick(T0 + 70) == [], "the worker has 15 s to come back"
     assert resumed.job("j1").status is JobStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_resume_gives_running_jobs_whose_deadline_passed_during_the_failover_a_grace() -> None:
+    old = make(worker_expiry_s=15.0, ack_timeout_s=5.0)
+    worker(old, "w", credits=2)
+    old.submit(request("due"), T0)
+    old.submit(request("later", timeout_s=300.0), T0)
+    rows = snapshot(old)
+    # The old leader died at T0; the new one serves at T0 + 8: "due"'s deadline (T0 + 5)
+    # passed while its worker could not reach any leader.
+    new = Dispatcher.restore(rows, config=old.config)
+    resumed = new.resume(T0 + 8, grace_s=15.0)
+    extended = [event for event in resumed if isinstance(event, JobHeartbeat)]
+    assert [(event.job_id, event.deadline) for event in extended] == [("due", T0 + 23)]
+    assert new.tick(T0 + 9) == [], "the worker has the grace to ack or heartbeat"
+    job = new.job("due")
+    assert job is not None and job.status is JobStatus.RUNNING
+    new.ack("due", job.attempts, job.lease or "", T0 + 10)
+    # Replayed, the grace is the same: it is in the log.
+    replayed = Dispatcher.restore(rows, config=old.config)
+    replayed.apply_all(resumed)
+    assert replayed.job("due").deadline == T0 + 23  # type: ignore[union-attr]
+    # Without it (as before), the first tick takes the job from its worker before it is back.
+    bare = Dispatcher.restore(rows, config=old.config)
+    bare.resume(T0 + 8)
+    assert [event.type for event in bare.tick(T0 + 9)] == ["requeued"]
 
 
 def test_restore_refuses_inconsistent_snapshots() -> None:
@@ -258,6 +332,7 @@ def test_restore_builds_what_the_one_by_one_restore_built() -> None:
     # And it goes on the same way: the same jobs to the same workers, in the same order.
     new = Dispatcher.restore(snapshot(old), config=old.config, epoch=old.epoch)
     for d in (new, expected):
+        d._lease_token = seeded_lease_tokens(1)  # the same leases, to compare the records
         d.begin_epoch(old.epoch + 1, T0 + 6)
         worker(d, "w1", credits=20, now=T0 + 7)
     assert assigned_ids(worker(new, "w9", credits=50, now=T0 + 8)) == assigned_ids(

@@ -149,7 +149,7 @@ def test_worker_choice_breaks_full_ties_by_worker_id() -> None:
 
 def test_ack_deadline_uses_the_initial_timeout_then_exponential_backoff_with_a_cap() -> None:
     d = make(ack_timeout_s=10.0, backoff_multiplier=2.0, max_ack_timeout_s=25.0, max_attempts=4)
-    worker(d, "w", credits=1)
+    worker(d, "w", credits=3)
     (first,) = assignments(d.submit(request("j1"), T0))
     assert first.deadline == T0 + 10
     (second,) = assignments(d.tick(T0 + 10))
@@ -186,15 +186,57 @@ def test_timeout_reassigns_to_a_different_matching_worker() -> None:
     assert d.worker("slow").running == ()  # type: ignore[union-attr]
 
 
-def test_timeout_falls_back_to_the_same_worker_without_spending_credit() -> None:
+def test_timeout_falls_back_to_the_same_worker_spending_a_credit() -> None:
     d = make(ack_timeout_s=10.0)
-    worker(d, "only", credits=1)
+    worker(d, "only", credits=2)
     (first,) = assignments(d.submit(request("j1"), T0))
     (again,) = d.tick(T0 + 10)
     assert isinstance(again, Reassigned)
     assert (again.worker_id, again.attempt) == ("only", 2) and again.lease != first.lease
+    # The timed-out attempt may still be running there and holds its slot until the worker
+    # gives it back: the new attempt takes another one.
     assert d.worker("only").credit == 0  # type: ignore[union-attr]
     assert d.worker("only").running == ("j1",)  # type: ignore[union-attr]
+
+
+def test_timeout_requeues_at_the_front_when_the_same_worker_has_no_credit_left() -> None:
+    d = make(ack_timeout_s=10.0)
+    worker(d, "only", credits=1)
+    d.submit(request("j1"), T0)
+    d.submit(request("j2"), T0 + 1)
+    (event,) = d.tick(T0 + 10)
+    assert isinstance(event, Requeued) and event.reason is RequeueReason.TIMEOUT
+    assert d.worker("only").running == ()  # type: ignore[union-attr]
+    job = d.job("j1")
+    assert job is not None and job.status is JobStatus.QUEUED and job.attempts == 1
+    (again,) = assignments(d.grant_credit("only", 1, T0 + 11))
+    assert (again.job_id, again.attempt) == ("j1", 2), "it waits ahead of later submissions"
+
+
+def test_one_job_with_two_equal_deadline_entries_expires_once() -> None:
+    """A job dead-lettered and redriven at the instant it was assigned is assigned again with
+    the same deadline, so the deadline heap holds two entries that both look live: the tick
+    must handle the deadline once (not requeue a job that is no longer running, nor reassign
+    the new attempt at once)."""
+    d = make(ack_timeout_s=10.0)
+    worker(d, "w", credits=3)
+    (first,) = assignments(d.submit(request("j1"), T0))
+    d.fail("j1", 1, first.lease, T0, retryable=False)
+    (second,) = assignments(d.redrive("j1", T0))
+    assert (second.attempt, second.deadline) == (1, first.deadline)
+    (event,) = d.tick(T0 + 10)
+    assert isinstance(event, Reassigned) and event.attempt == 2
+    assert d.tick(T0 + 10) == []
+
+
+def test_one_job_with_two_equal_deadline_entries_is_requeued_once() -> None:
+    d = make(ack_timeout_s=10.0)
+    worker(d, "w", credits=2)
+    (first,) = assignments(d.submit(request("j1"), T0))
+    d.fail("j1", 1, first.lease, T0, retryable=False)
+    assignments(d.redrive("j1", T0))
+    (event,) = d.tick(T0 + 10)
+    assert isinstance(event, Requeued) and event.reason is RequeueReason.TIMEOUT
 
 
 def test_timeout_requeues_when_no_worker_matches_any_more() -> None:
@@ -210,7 +252,7 @@ def test_timeout_requeues_when_no_worker_matches_any_more() -> None:
 
 def test_max_attempts_of_timeouts_dead_letters_with_the_reason() -> None:
     d = make(ack_timeout_s=10.0, backoff_multiplier=1.0, max_attempts=3)
-    worker(d, "w", credits=1)
+    worker(d, "w", credits=3)
     d.submit(request("j1"), T0)
     d.tick(T0 + 10)
     d.tick(T0 + 20)
@@ -358,5 +400,6 @@ def test_tick_never_walks_all_jobs() -> None:
     d._jobs = _NoScan(d._jobs)
     assert d.tick(T0 + 1) == [], "nothing is due"
     events = d.tick(T0 + 30)
-    assert types(events) == ["reassigned"] * 1_000
+    # The worker has no credit left: the timed-out jobs wait at the front of their queues.
+    assert types(events) == ["requeued"] * 1_000
     assert d.tick(T0 + 31) == []

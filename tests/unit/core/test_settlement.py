@@ -3,17 +3,24 @@ and refusals of stale leases."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from dispatch.core import (
+    Assigned,
     Completed,
     DeadLettered,
     DeadReason,
+    Dispatcher,
+    Event,
     JobStatus,
+    Reassigned,
     RejectCode,
     Rejected,
     Requeued,
     RequeueReason,
+    state_view,
 )
 from tests.unit.core.helpers import (
     T0,
@@ -28,7 +35,7 @@ from tests.unit.core.helpers import (
 
 def test_ack_for_a_timed_out_attempt_is_refused() -> None:
     d = make(ack_timeout_s=10.0)
-    worker(d, "w", credits=1)
+    worker(d, "w", credits=2)
     (first,) = assignments(d.submit(request("j1"), T0))
     (second,) = assignments(d.tick(T0 + 10))
     with pytest.raises(Rejected) as caught:
@@ -150,7 +157,7 @@ def test_repeated_permanent_failure_is_idempotent_but_a_late_ack_is_not() -> Non
 
 def test_heartbeat_extends_the_deadline() -> None:
     d = make(ack_timeout_s=10.0)
-    worker(d, "w", credits=1)
+    worker(d, "w", credits=2)
     (assigned,) = assignments(d.submit(request("j1"), T0))
     (beat,) = d.heartbeat("j1", 1, assigned.lease, T0 + 8)
     assert beat.type == "job_heartbeat"
@@ -216,3 +223,88 @@ def test_acks_count_as_signs_of_life() -> None:
     ack(d, first, T0 + 10)
     assert d.tick(T0 + 20) == []
     assert d.worker("w") is not None
+
+
+# --- leases bound to the key of the worker that holds them -----------------------------------
+
+
+def owned_job() -> tuple[Dispatcher, Assigned | Reassigned]:
+    """Worker w1 of key k1 holds j1; worker w2 of key k2 is idle."""
+    d = make()
+    d.join("w1", ["job.assign.>"], T0, owner="k1")
+    d.grant_credit("w1", 1, T0)
+    d.join("w2", ["job.assign.>"], T0, owner="k2")
+    (assigned,) = assignments(d.submit(request("j1"), T0))
+    assert assigned.worker_id == "w1"
+    return d, assigned
+
+
+@pytest.mark.parametrize("command", ["ack", "ack_many", "fail", "heartbeat"])
+def test_the_right_lease_from_another_key_is_refused_and_changes_nothing(command: str) -> None:
+    d, assigned = owned_job()
+    job_id, attempt, lease = assigned.job_id, assigned.attempt, assigned.lease
+    before = state_view(d)
+    settle: dict[str, Callable[[], object]] = {
+        "ack": lambda: d.ack(job_id, attempt, lease, T0 + 1, owner="k2"),
+        "fail": lambda: d.fail(job_id, attempt, lease, T0 + 1, retryable=False, owner="k2"),
+        "heartbeat": lambda: d.heartbeat(job_id, attempt, lease, T0 + 1, owner="k2"),
+    }
+    if command == "ack_many":
+        events, (rejection,) = d.ack_many([(job_id, attempt, lease, "x")], T0 + 1, owner="k2")
+        assert events == []
+    else:
+        with pytest.raises(Rejected) as caught:
+            settle[command]()
+        rejection = caught.value
+    assert rejection.code is RejectCode.STALE_LEASE and rejection.job_id == job_id
+    # Worded as for a wrong lease: a prober learns neither the holder nor its attempt.
+    assert "w1" not in rejection.detail and "held by" not in rejection.detail
+    with pytest.raises(Rejected) as wrong_lease:
+        d.ack(job_id, attempt, "0.guess", T0 + 1, owner="k2")
+    assert wrong_lease.value.detail == rejection.detail.replace(repr(lease), repr("0.guess"))
+    assert state_view(d) == before
+    # The owner itself settles it.
+    assert types(d.ack(job_id, attempt, lease, T0 + 2, owner="k1")) == ["completed"]
+
+
+def test_another_key_naming_the_holder_as_its_worker_is_still_refused() -> None:
+    d, assigned = owned_job()
+    with pytest.raises(Rejected) as caught:
+        ack_as(d, assigned, worker_id="w1", owner="k2")
+    assert caught.value.code is RejectCode.STALE_LEASE
+    with pytest.raises(Rejected) as other_worker:
+        ack_as(d, assigned, worker_id="w2", owner="k1")
+    assert other_worker.value.code is RejectCode.STALE_LEASE
+    assert types(ack_as(d, assigned, worker_id="w1", owner="k1")) == ["completed"]
+    # The idempotent repeat answers the owner, not another key.
+    assert ack_as(d, assigned, worker_id="w1", owner="k1") == []
+    with pytest.raises(Rejected) as repeat:
+        ack_as(d, assigned, worker_id=None, owner="k2")
+    assert repeat.value.code is RejectCode.STALE_LEASE
+
+
+def test_an_admin_settles_without_an_owner_and_sees_the_holder() -> None:
+    d, assigned = owned_job()
+    with pytest.raises(Rejected) as caught:
+        d.ack(assigned.job_id, assigned.attempt, "0.guess", T0 + 1)
+    assert "held by attempt 1 by worker 'w1'" in caught.value.detail
+    assert types(ack(d, assigned, T0 + 1)) == ["completed"]
+
+
+def test_a_worker_with_no_known_owner_is_settled_by_its_lease() -> None:
+    # A placeholder after a restore (or a worker an admin joined) has no recorded owner: the
+    # lease, 128 random bits, is the proof, so the worker's resent acks are not lost.
+    d = make()
+    d.join("w1", ["job.assign.>"], T0)
+    d.grant_credit("w1", 1, T0)
+    (assigned,) = assignments(d.submit(request("j1"), T0))
+    assert d.worker_owner("w1") is None
+    assert types(ack_as(d, assigned, worker_id="w1", owner="k1")) == ["completed"]
+
+
+def ack_as(
+    d: Dispatcher, assigned: Assigned | Reassigned, *, worker_id: str | None, owner: str | None
+) -> list[Event]:
+    return d.ack(
+        assigned.job_id, assigned.attempt, assigned.lease, T0 + 1, worker_id=worker_id, owner=owner
+    )

@@ -43,3 +43,12 @@ def test_worker_record_round_trips_and_validates() -> None:
         WorkerRecord.from_dict({"worker_id": "w", "subjects": ["a..b"]})
     with pytest.raises(ValueError, match=r"worker\.credit"):
         WorkerRecord.from_dict({"worker_id": "w", "subjects": ["a"], "credit": -1})
+
+
+def test_worker_record_carries_its_owner() -> None:
+    record = WorkerRecord(worker_id="w", subjects=("job.>",), owner="k1")
+    assert record.to_dict()["owner"] == "k1"
+    assert WorkerRecord.from_dict(record.to_dict()) == record
+    assert WorkerRecord.from_dict({"worker_id": "w", "subjects": ["a"]}).owner is None
+    with pytest.raises(ValueError, match=r"worker\.owner"):
+        WorkerRecord.from_dict({"worker_id": "w", "subjects": ["a"], "owner": 3})

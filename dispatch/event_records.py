@@ -94,10 +94,15 @@ def _head(group: str, epoch: int, submit: Mapping[int, int] | None) -> bytes:
 
 
 def decode_batch(raw: bytes) -> EventBatch:
-    """Parse one events record; ValueError naming the bad part if it is not one."""
+    """Parse one events record; ValueError naming the bad part if it is not one (whatever the
+    bytes: nothing else escapes)."""
     try:
         document = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except RecursionError:
+        # Any producer can write this topic: a deep value must be a refused record, like
+        # every other malformed one, not an error its reader does not expect.
+        raise ValueError("events record: nested too deeply to parse") from None
+    except ValueError as error:  # not UTF-8, not JSON, or an integer of too many digits
         raise ValueError(f"events record: not JSON ({error})") from None
     if not isinstance(document, dict):
         raise ValueError("events record: expected a JSON object")
@@ -128,7 +133,8 @@ def _submit_position(value: object) -> dict[int, int] | None:
     position = {}
     for partition, offset in value.items():
         valid = isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0
-        if not (partition.isdigit() and valid):
+        # isascii: str.isdigit() also takes digits int() refuses ("²") or reads (Arabic-Indic).
+        if not (partition.isascii() and partition.isdigit() and valid):
             raise ValueError(f"events record.submit[{partition!r}]: expected an offset >= 0")
         position[int(partition)] = offset
     return position

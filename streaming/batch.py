@@ -17,7 +17,8 @@ Exactly-once effect, two layers:
   = the streaming query's id (new with every new checkpoint, so a fresh checkpoint whose batch
   ids restart at 0 is never skipped) and version = the batch id; a table that already holds
   that version is not written again (delta-rs commits: checked by `DeltaCommits.append` /
-  `merge` against the table's recorded `txn` version before writing; the Spark prune MERGE
+  `merge` against the table's recorded `txn` version before writing, and a `jobs` MERGE with
+  nothing to write still commits its `txn` and progress; the Spark prune MERGE
   and `jobs_archive` append: by Spark itself, from the session confs
   `spark.databricks.delta.write.txnAppId` / `txnVersion` and the writer's options).
 - Offset watermarks: every commit records the Kafka positions its table has absorbed, and each
@@ -41,11 +42,14 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dispatch.core.events import JobEvent
+from streaming import guard
 from streaming import tables as t
 from streaming.decode import (
     KafkaRow,
     LoggedEvent,
     Offsets,
+    Refused,
     Topics,
     Undecodable,
     advance,
@@ -53,8 +57,12 @@ from streaming.decode import (
     event_bronze_row,
     kafka_rows,
     merge_offsets,
+    refusal_reason,
+    refused_bronze_row,
+    refused_record_row,
     rejected_bronze_row,
     rejected_row,
+    screen_events,
     submit_bronze_row,
     undecodable_bronze_row,
     unseen,
@@ -143,12 +151,26 @@ class _Plan:
     fold_rows: list[KafkaRow]
     """The events-topic records `jobs` has not absorbed yet."""
     logged: list[LoggedEvent]
+    """The decoded events the tables can hold (fenced and folded)."""
     admitted: list[bool]
     undecodable: list[Undecodable]
+    screened: list[Refused]
+    """Decoded events whose values no table can hold (neither fenced nor folded)."""
     fence_after: dict[str, int]
     touched: set[JobKey]
     current: dict[JobKey, JobState]
     fold: BatchFold
+
+    def refusals(self) -> dict[tuple[int, int], list[Refused]]:
+        """Every refused event (screened out or not fitting its job), by its record's
+        (partition, offset), in log order."""
+        out: dict[tuple[int, int], list[Refused]] = {}
+        for refused in sorted(
+            [*self.screened, *self.fold.refused],
+            key=lambda r: (r.logged.partition, r.logged.offset, r.logged.index),
+        ):
+            out.setdefault((refused.logged.partition, refused.logged.offset), []).append(refused)
+        return out
 
 
 @dataclass
@@ -248,16 +270,36 @@ class BatchWriter:
 
     def _process(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
-        timings = BatchTimings(batch_id=batch_id)
-        spark = batch_df.sparkSession
         positions = self.positions()
+        from pyspark.sql import functions as F
 
-        arrow = batch_df.select("topic", "partition", "offset", "key", "value", "timestamp")
+        # The time as microseconds: a producer-set time past year 9999 would make the
+        # conversion to Python datetimes raise for the whole batch (kafka_rows clamps it).
+        arrow = batch_df.select(
+            "topic", "partition", "offset", "key", "value",
+            F.unix_micros("timestamp").alias("timestamp"),
+        )  # fmt: skip
         rows = kafka_rows(arrow.toArrow().to_pydict())
         end = batch_end_offsets(self.checkpoint, batch_id)
         if end is None:
             end = advance(positions.tables[t.JOBS], rows)
         end = merge_offsets(positions.tables[t.JOBS], end)
+        self.write_batch(batch_id, rows, end, spark=batch_df.sparkSession, started=started)
+
+    def write_batch(
+        self,
+        batch_id: int,
+        rows: Sequence[KafkaRow],
+        end: Offsets,
+        *,
+        spark: SparkSession | None = None,
+        started: float | None = None,
+    ) -> BatchTimings:
+        """Fold and write one batch of records (in log order) whose end offsets are `end`.
+        Spark is needed only for a batch with `pruned` events and for maintenance."""
+        started = time.perf_counter() if started is None else started
+        timings = BatchTimings(batch_id=batch_id)
+        positions = self.positions()
         timings.records = len(rows)
         timings.collect_s = time.perf_counter() - started
 
@@ -266,17 +308,20 @@ class BatchWriter:
         timings.events = len(plan.logged)
         timings.jobs = len(plan.fold.final)
         timings.fold_s = time.perf_counter() - mark
+        self._log_refusals(batch_id, plan)
 
         mark = time.perf_counter()
         self._write_events(batch_id, end, plan)
         timings.events_write_s = time.perf_counter() - mark
         mark = time.perf_counter()
         self._write_stats_partial(batch_id, end, plan.fold)
-        self._write_rejected(batch_id, end, plan.by_topic[self.topics.rejected])
+        self._write_rejected(batch_id, end, plan)
         timings.stats_write_s = time.perf_counter() - mark
 
         mark = time.perf_counter()
         if plan.fold.prunes:
+            if spark is None:
+                raise RuntimeError("a batch with pruned events needs the Spark session")
             self._write_prunes(spark, batch_id, end, plan)
         timings.prune_s = time.perf_counter() - mark
 
@@ -291,7 +336,7 @@ class BatchWriter:
             mark = time.perf_counter()
             self.rollup.run(self.app_id)
             timings.rollup_s = time.perf_counter() - mark
-        if self.maintenance is not None:
+        if self.maintenance is not None and spark is not None:
             mark = time.perf_counter()
             timings.maintenance_steps = len(self.maintenance.run_due(spark))
             timings.maintenance_s = time.perf_counter() - mark
@@ -304,6 +349,20 @@ class BatchWriter:
             batch_id, timings.records, timings.events, timings.jobs, timings.total_s,
             timings.fold_s, timings.jobs_merge_s,
         )  # fmt: skip
+        return timings
+
+    def _log_refusals(self, batch_id: int, plan: _Plan) -> None:
+        """One warning per batch that skips records (they are in `rejected`, with reasons)."""
+        records = len(plan.undecodable) + len(plan.refusals())
+        if records:
+            first = plan.undecodable[0].reason if plan.undecodable else None
+            if first is None:
+                first = refusal_reason(next(iter(plan.refusals().values()))[0])
+            log.warning(
+                "batch %d: %d events record(s) skipped in whole or part, see the rejected "
+                "table (first: %s)",
+                batch_id, records, first[:300],
+            )  # fmt: skip
 
     def _plan(self, rows: Sequence[KafkaRow]) -> _Plan:
         """Decode, fence and fold the batch (no writes)."""
@@ -312,28 +371,45 @@ class BatchWriter:
         for row in rows:
             by_topic.setdefault(row.topic, []).append(row)
         fold_rows = unseen(by_topic[self.topics.events], positions.tables[t.JOBS])
-        logged, undecodable = decode_events(fold_rows)
+        decoded, undecodable = decode_events(fold_rows)
+        logged, screened = screen_events(decoded)
         admitted, fence_after = fence_batch(logged, positions.fence)
         touched = touched_jobs(logged, admitted)
-        current = self._current_jobs(touched, include_closed=bool(prune_groups(logged, admitted)))
+        current, unreadable = self._current_jobs(
+            touched, include_closed=bool(prune_groups(logged, admitted))
+        )
         stats_from = positions.tables[t.STATS_PARTIAL].get(self.topics.events, {})
         fold = fold_batch(
             logged,
             admitted,
             current,
             count_stats=lambda event: event.offset >= stats_from.get(event.partition, 0),
+            unreadable=unreadable,
         )
         return _Plan(
-            by_topic, fold_rows, logged, admitted, undecodable, fence_after, touched, current, fold
+            by_topic=by_topic,
+            fold_rows=fold_rows,
+            logged=logged,
+            admitted=admitted,
+            undecodable=undecodable,
+            screened=screened,
+            fence_after=fence_after,
+            touched=touched,
+            current=current,
+            fold=fold,
         )
 
     # --- reading the touched jobs -------------------------------------------------------------
 
-    def _current_jobs(self, keys: set[JobKey], *, include_closed: bool) -> dict[JobKey, JobState]:
+    def _current_jobs(
+        self, keys: set[JobKey], *, include_closed: bool
+    ) -> tuple[dict[JobKey, JobState], dict[JobKey, str]]:
         """The touched jobs' rows: the open partition (only open jobs can change), plus the
-        closed one in a batch with `pruned` events (a pruned id may be submitted again)."""
+        closed one in a batch with `pruned` events (a pruned id may be submitted again); and
+        the touched jobs whose row does not read back as a record, with why (a row an older
+        fold wrote unchecked: the batch refuses their events rather than stop)."""
         if not keys:
-            return {}
+            return {}, {}
         # The partition is pruned by delta-rs (from the log); the ids are matched after the
         # read, not pushed down: pyarrow's pushdown fails on files delta-rs's MERGE wrote
         # (`string_view`, see dispatch/delta_sql.py), and DataFusion overflows its stack on
@@ -345,13 +421,21 @@ class BatchWriter:
         ids = pa.array(sorted({job_id for _, job_id in keys}), pa.string())
         found = read.filter(pc.is_in(read["id"], value_set=ids))
         current: dict[JobKey, JobState] = {}
+        unreadable: dict[JobKey, str] = {}
         for row in found.to_pylist():
-            key, state = job_state(row)
+            try:
+                key, state = job_state(row)
+            except (ValueError, TypeError, KeyError, RecursionError) as error:
+                key = (str(row.get("dispatch_group")), str(row.get("id")))
+                if key in keys:
+                    unreadable[key] = f"{type(error).__name__}: {error}"[:500]
+                    log.error("the jobs row of %s does not read back: %r", key, error)
+                continue
             if key in keys:
                 if key in current:
                     raise RuntimeError(f"jobs holds job {key} twice")
                 current[key] = state
-        return current
+        return current, unreadable
 
     # --- writes ---------------------------------------------------------------------------------
 
@@ -376,15 +460,31 @@ class BatchWriter:
                 conf.unset(key)
 
     def _write_events(self, batch_id: int, end: Offsets, plan: _Plan) -> None:
+        rows = self.events_rows(batch_id, plan)
+        if rows:
+            progress = self._progress(batch_id, end)
+            self._append(t.EVENTS, t.arrow_rows(t.EVENTS, rows), batch_id, progress)
+
+    def events_rows(self, batch_id: int, plan: _Plan) -> list[dict[str, Any]]:
+        """The batch's `events` rows the table has not absorbed yet. An event the fold
+        refused keeps its row, with the reason in `error`; one whose values no column holds
+        gets a `refused` row (place, type, reason, JSON)."""
         mark = self.positions().tables[t.EVENTS]
         events_topic = self.topics.events
         absorbed = mark.get(events_topic, {})
         record_of = {(row.partition, row.offset): row for row in plan.fold_rows}
+        why = {_place(refused.logged): refused.reason for refused in plan.fold.refused}
         rows: list[dict[str, Any]] = []
         for event, ok in zip(plan.logged, plan.admitted, strict=True):
             if event.offset >= absorbed.get(event.partition, 0):
                 record = record_of[(event.partition, event.offset)]
-                rows.append(event_bronze_row(event, record, ok, batch_id))
+                bronze = event_bronze_row(event, record, ok, batch_id)
+                bronze["error"] = why.get(_place(event))
+                rows.append(bronze)
+        for refused in plan.screened:
+            if refused.logged.offset >= absorbed.get(refused.logged.partition, 0):
+                record = record_of[(refused.logged.partition, refused.logged.offset)]
+                rows.append(refused_bronze_row(refused, record, batch_id))
         for bad in plan.undecodable:
             if bad.row.offset >= absorbed.get(bad.row.partition, 0):
                 rows.append(undecodable_bronze_row(bad, batch_id))
@@ -392,30 +492,60 @@ class BatchWriter:
             rows.append(submit_bronze_row(row, batch_id))
         for row in unseen(plan.by_topic[self.topics.rejected], mark):
             rows.append(rejected_bronze_row(row, batch_id))
-        if rows:
-            progress = self._progress(batch_id, end)
-            self._append(t.EVENTS, t.arrow_rows(t.EVENTS, rows), batch_id, progress)
+        return rows
 
-    def _write_rejected(self, batch_id: int, end: Offsets, records: Sequence[KafkaRow]) -> None:
-        fresh = unseen(records, self.positions().tables[t.REJECTED])
-        if fresh:
-            rows = [rejected_row(row, batch_id) for row in fresh]
+    def _write_rejected(self, batch_id: int, end: Offsets, plan: _Plan) -> None:
+        rows = self.rejected_rows(batch_id, plan)
+        if rows:
             progress = self._progress(batch_id, end)
             self._append(t.REJECTED, t.arrow_rows(t.REJECTED, rows), batch_id, progress)
 
+    def rejected_rows(self, batch_id: int, plan: _Plan) -> list[dict[str, Any]]:
+        """The batch's `rejected` rows the table has not absorbed yet: one per rejection
+        record, and one per events record the fold did not take whole (undecodable, or with
+        refused events, named with their reasons)."""
+        mark = self.positions().tables[t.REJECTED]
+        rows = [
+            rejected_row(row, batch_id) for row in unseen(plan.by_topic[self.topics.rejected], mark)
+        ]
+        absorbed = mark.get(self.topics.events, {})
+        record_of = {(row.partition, row.offset): row for row in plan.fold_rows}
+        for bad in plan.undecodable:
+            if bad.row.offset >= absorbed.get(bad.row.partition, 0):
+                rows.append(refused_record_row(bad.row, [bad.reason], None, batch_id))
+        for (partition, offset), refusals in plan.refusals().items():
+            if offset >= absorbed.get(partition, 0):
+                event = refusals[0].logged.event
+                job_id = event.job_id if isinstance(event, JobEvent) else None
+                rows.append(
+                    refused_record_row(
+                        record_of[(partition, offset)],
+                        [refusal_reason(refused) for refused in refusals],
+                        job_id if job_id is None or guard.utf8(job_id) else None,
+                        batch_id,
+                    )
+                )
+        return rows
+
     def _write_stats_partial(self, batch_id: int, end: Offsets, fold: BatchFold) -> None:
         """The batch's statistics as partial rows (rolled up into `stats` later)."""
-        contributions = fold.stats.rows
-        if not contributions:
+        rows = self.stats_partial_rows(batch_id, end, fold)
+        if not rows:
             return
+        table = t.arrow_rows(t.STATS_PARTIAL, rows)  # percentile columns are left out
+        self._append(t.STATS_PARTIAL, table, batch_id, self._progress(batch_id, end))
+
+    def stats_partial_rows(
+        self, batch_id: int, end: Offsets, fold: BatchFold
+    ) -> list[dict[str, Any]]:
+        contributions = fold.stats.rows
         batch_end = sum(end.get(self.topics.events, {}).values())
         rows = []
         for key in sorted(contributions):
             row = stats_row(key, contributions[key])
             row.update(batch_end=batch_end, batch_id=batch_id)
             rows.append(row)
-        table = t.arrow_rows(t.STATS_PARTIAL, rows)  # percentile columns are left out
-        self._append(t.STATS_PARTIAL, table, batch_id, self._progress(batch_id, end))
+        return rows
 
     def _write_prunes(self, spark: SparkSession, batch_id: int, end: Offsets, plan: _Plan) -> None:
         """Move the jobs the leader pruned from `jobs` to `jobs_archive`: the touched ones as
@@ -507,8 +637,29 @@ class BatchWriter:
 
     def _merge_jobs(self, batch_id: int, end: Offsets, fold: BatchFold) -> None:
         """The batch's last commit: upsert the folded jobs, delete the pruned ones, and record
-        the batch's progress. Made even when no job changed, so the snapshot pointer, the
-        fence epochs and the lag always move with the log."""
+        the batch's progress. Made even when no job changed (a batch of heartbeats or submit
+        records only: `DeltaCommits.merge` then commits the progress with no data), so the
+        snapshot pointer, the fence epochs and the lag always move with the log."""
+        columns = {name: f"s.`{name}`" for name in _JOB_COLUMNS}
+        self.commits.merge(
+            t.JOBS,
+            self.jobs_source(fold),
+            # Only open jobs can change: the partition literal keeps the closed history (the
+            # bulk of the table) out of the scan, so the cost follows the backlog.
+            f"t.part = '{OPEN}' AND t.dispatch_group = s.dispatch_group AND t.id = s.id",
+            lambda merge: (
+                merge.when_matched_delete(predicate="s._delete")
+                .when_matched_update(updates=columns)
+                .when_not_matched_insert(updates=columns, predicate="NOT s._delete")
+            ),
+            app_id=self.app_id,
+            version=batch_id,
+            metadata=self._progress(batch_id, end).to_json(),
+        )
+
+    @staticmethod
+    def jobs_source(fold: BatchFold) -> pa.Table:
+        """The `jobs` MERGE's source: a row per touched job (`_delete`: pruned, gone)."""
         rows: list[dict[str, Any]] = []
         for (group, job_id), state in fold.final.items():
             if state is None:
@@ -518,26 +669,14 @@ class BatchWriter:
                 row = job_row(group, state)
                 row["_delete"] = False
             rows.append(row)
-        schema = t.SCHEMAS[t.JOBS].append(pa.field("_delete", pa.bool_()))
-        merge = self.commits.merge(
-            t.JOBS,
-            pa.Table.from_pylist(rows, schema=schema),
-            # Only open jobs can change: the partition literal keeps the closed history (the
-            # bulk of the table) out of the scan, so the cost follows the backlog.
-            f"t.part = '{OPEN}' AND t.dispatch_group = s.dispatch_group AND t.id = s.id",
-            app_id=self.app_id,
-            version=batch_id,
-            metadata=self._progress(batch_id, end).to_json(),
-        )
-        if merge is None:
-            return
-        columns = {name: f"s.`{name}`" for name in _JOB_COLUMNS}
-        (
-            merge.when_matched_delete(predicate="s._delete")
-            .when_matched_update(updates=columns)
-            .when_not_matched_insert(updates=columns, predicate="NOT s._delete")
-            .execute()
-        )
+        return pa.Table.from_pylist(rows, schema=_JOBS_SOURCE)
+
+
+_JOBS_SOURCE = t.SCHEMAS[t.JOBS].append(pa.field("_delete", pa.bool_()))
+
+
+def _place(logged: LoggedEvent) -> tuple[int, int, int]:
+    return (logged.partition, logged.offset, logged.index)
 
 
 def _archive_row(life: Any) -> dict[str, Any]:

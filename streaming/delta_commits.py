@@ -10,12 +10,13 @@ rare prune step and VACUUM). The stats roll-up and compaction use delta-rs too.
 Exactly once: a commit carries a Delta `txn` action (app id, version = the batch id), the same
 action Spark's `txnAppId` / `txnVersion` write. Spark skips a write whose version is not above
 the table's recorded one; delta-rs records the action but does not check it, so `append` and
-`merge` make that check here before every write.
+`merge` make that check here before every write. And a `merge` always commits (delta-rs skips
+the commit of a MERGE that writes nothing): a batch's progress is never lost with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,27 +68,53 @@ class DeltaCommits:
         name: str,
         source: pa.Table,
         predicate: str,
+        clauses: Callable[[TableMerger], TableMerger],
         *,
         app_id: str,
         version: int,
         metadata: str,
-    ) -> TableMerger | None:
-        """A MERGE of `source` (alias `s`) into `name` (alias `t`) committed as the app's
-        `version`, for the caller to add its clauses to and execute; None when that commit is
-        already in the table."""
+    ) -> bool:
+        """MERGE `source` (alias `s`) into `name` (alias `t`) with the `clauses` the caller adds,
+        as the app's commit `version` with `metadata`; False (nothing written) when that commit
+        is already in the table.
+
+        The commit is always made: delta-rs writes no commit at all for a MERGE with nothing to
+        write (an empty source, or source rows that match nothing and insert nothing), so such
+        a MERGE is followed by a commit with no data carrying the same `txn` and metadata."""
         table = self.table(name)
         if _holds(table, app_id, version):
-            return None
-        return table.merge(
-            source,
-            predicate,
-            source_alias="s",
-            target_alias="t",
-            # The source is a small in-memory table: let delta-rs read its statistics to prune
-            # target files (the streamed mode gives that up to save memory on huge sources).
-            streamed_exec=False,
-            commit_properties=_properties(app_id, version, metadata),
-        )
+            return False
+        properties = _properties(app_id, version, metadata)
+        if source.num_rows:
+            merger = table.merge(
+                source,
+                predicate,
+                source_alias="s",
+                target_alias="t",
+                # The source is a small in-memory table: let delta-rs read its statistics to
+                # prune target files (the streamed mode gives that up to save memory on huge
+                # sources).
+                streamed_exec=False,
+                commit_properties=properties,
+            )
+            clauses(merger).execute()
+            table.update_incremental()
+            if _holds(table, app_id, version):
+                return True
+        _commit_no_data(table, properties)
+        return True
+
+
+def _commit_no_data(table: DeltaTable, properties: CommitProperties) -> None:
+    """A commit with no file action: only `commitInfo` (with the user metadata) and the `txn`.
+    The table's data at this version is the previous version's."""
+    table.create_write_transaction(
+        [],
+        mode="append",
+        schema=table.schema(),
+        partition_by=table.metadata().partition_columns,
+        commit_properties=properties,
+    )
 
 
 def _holds(table: DeltaTable, app_id: str, version: int) -> bool:

@@ -10,6 +10,13 @@ Pure Python, no Spark. It uses the dispatcher core's own semantics and nothing e
   is forgotten by the leader, so it leaves `jobs` for `jobs_archive` (and the same id may start
   a new life later in the log).
 
+An event that does not fit its job (the core's reducer refuses it) is refused: the job keeps
+its state from before that event, the event is reported in `BatchFold.refused` (the batch
+writes it to `rejected`) and the fold goes on with the job's next event. The fold never raises
+on what the log holds: a record that stopped a batch would stop every replay of it too. (The
+events it gets have values every column holds: `streaming.decode.screen_events` sets the
+others aside before the fence.)
+
 Besides the core's `JobRecord`, each row keeps two timestamps the statistics need and the
 record does not hold: `queued_at` (when the job last entered its queue) and `started_at` (when
 its latest attempt started).
@@ -38,7 +45,7 @@ from dispatch.core.events import (
 from dispatch.core.fence import EpochFence
 from dispatch.core.job import DeadReason, JobRecord, JobStatus
 from dispatch.core.reducer import fold_job_events
-from streaming.decode import LoggedEvent
+from streaming.decode import LoggedEvent, Refused
 from streaming.stats import StatsAccumulator
 
 OPEN = "open"
@@ -49,10 +56,6 @@ _CLOSED_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.CANCELLED})
 
 JobKey = tuple[str, str]
 """(dispatch group, job id)."""
-
-
-class FoldError(Exception):
-    """The log contradicts the jobs table (the leader's replay would fail the same way)."""
 
 
 @dataclass(slots=True)
@@ -251,6 +254,8 @@ class BatchFold:
     prunes: dict[str, list[PruneStep]] = field(default_factory=dict)
     """Per group, the batch's `pruned` events in log order (for the untouched jobs)."""
     stats: StatsAccumulator = field(default_factory=StatsAccumulator)
+    refused: list[Refused] = field(default_factory=list)
+    """Admitted job events the fold did not apply, and why (not counted in `stats`)."""
 
 
 @dataclass(slots=True)
@@ -326,15 +331,19 @@ def fold_batch(
     current: Mapping[JobKey, JobState],
     *,
     count_stats: Callable[[LoggedEvent], bool] = lambda _: True,
+    unreadable: Mapping[JobKey, str] | None = None,
 ) -> BatchFold:
     """Fold a batch's admitted events into the touched jobs' states.
 
     `current` holds the pre-batch state of every touched job that has a `jobs` row (a job
     absent from it is new; in a batch with `pruned` events it must also hold the touched
     jobs' closed rows). `count_stats` says which events the statistics have not counted yet
-    (after a crash, `stats` may already hold part of a replayed batch).
+    (after a crash, `stats` may already hold part of a replayed batch). `unreadable`: jobs
+    whose `jobs` row could not be read back, and why; their events are refused and their
+    rows left as they are.
 
-    Raises FoldError, naming the event's place in the log, when an event does not fit its job.
+    An event that does not fit its job is refused (`BatchFold.refused`, naming why) and the
+    job keeps its state before it.
     """
     result = BatchFold()
     per_job: dict[JobKey, list[int]] = {}
@@ -355,15 +364,33 @@ def fold_batch(
             steps.append(PruneStep(prune.at, prune.before))
         result.prunes[group] = steps
 
+    broken = unreadable or {}
     for key, indexes in per_job.items():
-        walk = _JobWalk(key, current.get(key), events, group_prunes.get(key[0], []), result)
-        result.final[key] = walk.run(indexes, count_stats)
+        if key in broken:
+            reason = f"its jobs row does not read back: {broken[key]}"
+            result.refused.extend(Refused(events[index], reason) for index in indexes)
+            continue
+        state = current.get(key)
+        walk = _JobWalk(key, state, events, group_prunes.get(key[0], []), result, count_stats)
+        final = walk.run(indexes)
+        if final is not None or state is not None:
+            result.final[key] = final
+    result.refused.sort(key=lambda refused: _place(refused.logged))
     return result
+
+
+def _place(logged: LoggedEvent) -> tuple[int, int, int]:
+    return (logged.partition, logged.offset, logged.index)
 
 
 class _JobWalk:
     """One job's events (and its group's prunes) in log order: the core folds runs of job
-    events between prunes with `fold_job_events`; each prune may archive the life."""
+    events between prunes with `fold_job_events`; each prune may archive the life.
+
+    A run is folded whole first (the common case: every event fits). If the core refuses an
+    event of it, the run is folded again one event at a time from the state before it,
+    refusing the events that do not fit. The statistics and the life's timestamps follow
+    only the events applied."""
 
     def __init__(
         self,
@@ -372,6 +399,7 @@ class _JobWalk:
         events: Sequence[LoggedEvent],
         prunes: Sequence[int],
         result: BatchFold,
+        count_stats: Callable[[LoggedEvent], bool],
     ) -> None:
         self.key = key
         self.group = key[0]
@@ -381,23 +409,14 @@ class _JobWalk:
         self.prunes = prunes
         self.next_prune = 0
         self.result = result
-        self.segment: list[JobEvent] = []
-        self.segment_start = 0
+        self.count_stats = count_stats
+        self.segment: list[int] = []
+        """Indexes (into `events`) of the job events not folded yet."""
 
-    def run(
-        self, indexes: Sequence[int], count_stats: Callable[[LoggedEvent], bool]
-    ) -> JobState | None:
-        stats = self.result.stats
+    def run(self, indexes: Sequence[int]) -> JobState | None:
         for index in indexes:
             self._prune_until(index)
-            logged = self.events[index]
-            event = logged.event
-            assert isinstance(event, JobEvent)
-            if not self.segment:
-                self.segment_start = index
-            self.segment.append(event)
-            counted = stats if count_stats(logged) else None
-            self.life = _observe(self.life, event, self.group, counted)
+            self.segment.append(index)
         self._flush()
         self._prune_until(len(self.events))
         if self.record is None:
@@ -408,15 +427,34 @@ class _JobWalk:
     def _flush(self) -> None:
         if not self.segment:
             return
+        segment, self.segment = self.segment, []
+        events = self.events
         try:
-            self.record = fold_job_events(self.record, self.segment)
+            self.record = fold_job_events(self.record, [events[index].event for index in segment])
+        except InvalidTransition:
+            # Again one event at a time from the state before the run (the failed fold
+            # worked on a copy), refusing the events that do not fit.
+            for index in segment:
+                self._apply_one(index)
+            return
+        for index in segment:
+            self._observe(index)
+
+    def _apply_one(self, index: int) -> None:
+        logged = self.events[index]
+        try:
+            self.record = fold_job_events(self.record, [logged.event])
         except InvalidTransition as error:
-            first = self.events[self.segment_start]
-            raise FoldError(
-                f"{error} (job {self.key[1]!r} of group {self.group!r}, events from "
-                f"partition {first.partition} offset {first.offset})"
-            ) from error
-        self.segment = []
+            self.result.refused.append(Refused(logged, f"does not fit its job: {error}"))
+            return
+        self._observe(index)
+
+    def _observe(self, index: int) -> None:
+        logged = self.events[index]
+        event = logged.event
+        assert isinstance(event, JobEvent)
+        counted = self.result.stats if self.count_stats(logged) else None
+        self.life = _observe(self.life, event, self.group, counted)
 
     def _prune_until(self, limit: int) -> None:
         """Apply the group's prunes that come before log index `limit`."""

@@ -153,18 +153,18 @@ class StatsRollup:
             " AND t.minute = s.minute AND t.dispatch_group = s.dispatch_group"
             " AND t.exec = s.exec AND t.client_id = s.client_id"
         )
-        merge = self.commits.merge(
+        columns = {name: f"s.`{name}`" for name in t.SCHEMAS[t.STATS].names}
+        written = self.commits.merge(
             t.STATS,
             t.arrow_rows(t.STATS, rows),
             condition,
+            lambda merge: merge.when_matched_update(updates=columns).when_not_matched_insert(
+                updates=columns
+            ),
             app_id=f"{app_id}-rollup",
             version=through,
             metadata=rollup_metadata(through),
         )
-        if merge is None:
+        if not written:
             return
-        columns = {name: f"s.`{name}`" for name in t.SCHEMAS[t.STATS].names}
-        merge.when_matched_update(updates=columns).when_not_matched_insert(
-            updates=columns
-        ).execute()
         log.info("stats roll-up through batch_end %d: %d rows", through, len(rows))

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dispatch.core.events import Assigned, Enqueued, Event, WorkerJoined
 from dispatch.event_records import decode_batch, encode_batch, encode_batches
+from tests.unit.streaming.hostile import hostile_record
 
 
 def test_a_batch_round_trips_in_order() -> None:
@@ -101,3 +104,21 @@ def test_a_commit_of_no_events_still_carries_its_position() -> None:
     (record,) = encode_batches("g", 2, [], submit={0: 5})
     batch = decode_batch(record)
     assert (batch.group, batch.epoch, batch.events, batch.submit) == ("g", 2, [], {0: 5})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=200), hostile_record().filter(lambda v: v is not None)))
+def test_any_bytes_decode_or_raise_value_error_only(raw: bytes) -> None:
+    """Any producer can write the topic: whatever the bytes, the reader gets a batch or a
+    ValueError naming the problem, never another exception."""
+    try:
+        decode_batch(raw)
+    except ValueError as error:
+        assert str(error).startswith("events record")
+
+
+def test_json_nested_past_the_parser_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="nested too deeply"):
+        decode_batch(b"[" * 100_000)
+    with pytest.raises(ValueError, match="not JSON"):
+        decode_batch(b"9" * 5_000)  # more digits than int() takes

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import (
     Assigned,
     Cancelled,
@@ -19,10 +20,11 @@ from dispatch.core.events import (
     Requeued,
 )
 from dispatch.core.fence import fence_events
+from dispatch.event_records import encode_batch
 from dispatch.settings import Settings
 from dispatch.stack.broker import Broker, create_topics
 from streaming import tables as t
-from streaming.app import checkpoint_dir, starting_offsets
+from streaming.app import StreamOptions, checkpoint_dir, starting_offsets
 from streaming.progress import latest_progress
 from tests.integration.streaming.conftest import (
     MixedRun,
@@ -36,7 +38,7 @@ from tests.integration.streaming.conftest import (
     spark_rows,
     with_warehouse,
 )
-from tests.unit.streaming.workload import GROUP, random_workload
+from tests.unit.streaming.workload import CONFIG, GROUP, Driver, Workload, random_workload
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -221,3 +223,90 @@ def test_a_lost_checkpoint_resumes_from_the_tables(
     assert row_set(spark_rows(spark, settings, t.STATS)) == row_set(
         spark_rows(spark, reference, t.STATS)
     )
+
+
+# --- poison records ---------------------------------------------------------------------------
+
+
+def poisoned_log() -> tuple[Workload, list[bytes | None], dict[int, str]]:
+    """Good leader records with poison between them, as a hostile producer writing straight to
+    `dispatch.events` would place it; returns the workload (whose leader state `jobs` must
+    equal), the values in log order, and the poison's index -> the words its reason names."""
+    clock = [1_790_000_000.0]
+    workload = Workload(leader=Dispatcher(CONFIG))
+    driver = Driver(workload.leader, workload, clock)
+    driver.do(lambda core, now: core.begin_epoch(1, now, holder="node-a"))
+    driver.do(lambda core, now: core.join("w", ["job.assign.>"], now))
+    for index in range(4):
+        driver.submit(f"good-{index}", "image.resize", "alice")
+    driver.credit("w", 2)
+    for job_id in sorted(driver.running):
+        driver.ack(job_id, {"ok": job_id})
+    good = [record.value() for record in workload.log]
+    overflow = Enqueued(
+        epoch=1, at=clock[0], job_id="poison", client_id="alice", exec="image.resize",
+        payload=None, max_attempts=2**31, timeout_s=30.0, seq=99,
+    )  # fmt: skip
+    ghost = Completed(epoch=1, at=clock[0], job_id="ghost", worker_id="w", attempt=1, lease="x")
+    values: list[bytes | None] = [
+        *good[:4],
+        encode_batch(GROUP, 1, [overflow]),  # 2**31 does not fit jobs.max_attempts (int32)
+        *good[4:7],
+        b"\xff\xfe not JSON",
+        None,  # a tombstone
+        encode_batch(GROUP, 1, [ghost]),  # completes a job that does not exist
+        *good[7:],
+    ]
+    poison = {4: "max_attempts", 8: "not JSON", 9: "tombstone", 10: "ghost"}
+    return workload, values, poison
+
+
+@pytest.mark.timeout(600)  # a Spark query run twice, five batches: slow on a busy machine
+def test_poison_records_are_rejected_and_the_query_keeps_running(
+    topics: Settings, spark: SparkSession
+) -> None:
+    """Issue 13 item 7: an events record the tables cannot hold (max_attempts 2**31), one that
+    is not JSON, a tombstone and an event that fits no job, between good records: every batch
+    commits, the good jobs reach `jobs`, each poison record lands in `rejected` with its
+    reason; a run from a lost checkpoint adds nothing twice."""
+    from kafka import KafkaProducer
+
+    settings = topics
+    workload, values, poison = poisoned_log()
+    kafka = settings.kafka
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all", linger_ms=0)
+    try:
+        for value in values:
+            producer.send(kafka.events_topic, key=GROUP.encode(), value=value)
+        producer.flush()
+    finally:
+        producer.close()
+
+    # Five records a batch: the poison sits in the middle batches, good records follow it.
+    options = StreamOptions(max_offsets_per_trigger=5, rollup_every_s=0, maintenance=None)
+    writer = run_stream(settings, spark, options)
+    assert len(writer.history) >= 3
+    assert jobs_of(spark_rows(spark, settings, t.JOBS)) == workload.expected_jobs()
+
+    rejected = sorted(
+        (
+            row
+            for row in spark_rows(spark, settings, t.REJECTED)
+            if row["topic"] == kafka.events_topic
+        ),
+        key=lambda row: row["offset"],
+    )
+    assert [row["offset"] for row in rejected] == sorted(poison), dump(rejected)
+    for row in rejected:
+        assert poison[row["offset"]] in row["reason"], row["reason"]
+        assert row["value"] == values[row["offset"]]
+    events = spark_rows(spark, settings, t.EVENTS)
+    flagged = {row["offset"] for row in events if row["error"] is not None}
+    assert flagged == set(poison)
+
+    # A lost checkpoint: the run restarts from what `jobs` covers and rejects nothing twice.
+    shutil.rmtree(checkpoint_dir(settings, options))
+    run_stream(settings, spark, options)
+    again = [row for row in spark_rows(spark, settings, t.REJECTED)]
+    assert len(again) == len(poison)
+    assert len(spark_rows(spark, settings, t.EVENTS)) == len(events)

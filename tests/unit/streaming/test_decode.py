@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 
 from dispatch.core.events import Cancelled, LeaderElected
 from dispatch.event_records import encode_batch
@@ -15,7 +16,10 @@ from streaming.decode import (
     event_bronze_row,
     kafka_rows,
     merge_offsets,
+    refusal_reason,
+    refused_bronze_row,
     rejected_row,
+    screen_events,
     submit_bronze_row,
     undecodable_bronze_row,
     unseen,
@@ -91,3 +95,53 @@ def test_submit_and_rejection_records() -> None:
     nonsense = rejected_row(row("r", 0, 5, b"\xff"), batch_id=1)
     assert nonsense["reason"].startswith("undecodable rejection record")
     assert nonsense["value"] == b"\xff" and nonsense["value_text"] is None
+
+
+def test_events_the_tables_cannot_hold_are_screened_out_with_their_reason() -> None:
+    good = Cancelled(epoch=2, at=11.0, job_id="j")
+    bad = Cancelled(epoch=2, at=1e300, job_id="k")
+    logged, _ = decode_events([row("ev", 0, 7, encode_batch("g", 2, [good, bad]))])
+    kept, refused = screen_events(logged)
+    assert [e.event for e in kept] == [good]
+    [why] = refused
+    assert why.logged.index == 1 and "cancelled.at" in why.reason
+    bronze = refused_bronze_row(why, row("ev", 0, 7, b""), batch_id=1)
+    assert (bronze["kind"], bronze["idx"], bronze["type"]) == ("refused", 1, "cancelled")
+    assert refusal_reason(why).startswith("events[1] (cancelled of job 'k'): cancelled.at")
+
+
+def test_a_record_header_the_tables_cannot_hold_is_undecodable() -> None:
+    raw = json.dumps({"v": 1, "group": "\ud800", "epoch": 1, "events": []}).encode()
+    huge = json.dumps({"v": 1, "group": "g", "epoch": 2**63, "events": []}).encode()
+    deep = b"[" * 60_000
+    _, bad = decode_events([row("ev", 0, 1, raw), row("ev", 0, 2, huge), row("ev", 0, 3, deep)])
+    assert [b.reason.split(":")[0] for b in bad] == [
+        "events record.group", "events record.epoch", "events record",
+    ]  # fmt: skip
+
+
+def test_a_rejection_record_with_values_no_column_holds_is_kept_as_undecodable() -> None:
+    rejection = Rejection("r", "dispatch.submit", 0, 1, b"k", b"v", 1.0)
+    document = json.loads(rejection.to_record_value())
+    for change in ({"partition": 2**40}, {"at": 1e300}, {"at": math.nan}, {"reason": "\ud800"}):
+        value = json.dumps({**document, **change}).encode()
+        kept = rejected_row(row("r", 0, 4, value), batch_id=1)
+        assert kept["reason"].startswith("undecodable rejection record"), change
+        assert kept["value"] == value
+    nested = rejected_row(row("r", 0, 5, b"[" * 60_000), batch_id=1)
+    assert nested["reason"].startswith("undecodable rejection record")
+
+
+def test_kafka_times_as_microseconds_are_clamped_into_what_the_tables_hold() -> None:
+    """A producer sets its record's time: one past year 9999 (or none) must not stop the
+    batch while it is collected."""
+    rows = kafka_rows(
+        {
+            "topic": ["t"] * 4, "partition": [0] * 4, "offset": [0, 1, 2, 3],
+            "key": [None] * 4, "value": [b""] * 4,
+            "timestamp": [int(WHEN.timestamp() * 1e6), 2**62, -1, None],
+        }
+    )  # fmt: skip
+    assert rows[0].timestamp == WHEN
+    assert rows[1].timestamp.year == 9999 and rows[2].timestamp.year == 1970
+    assert rows[3].timestamp == dt.datetime(1970, 1, 1, tzinfo=dt.UTC)

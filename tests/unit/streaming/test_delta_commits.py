@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
+from deltalake.table import TableMerger
 
 from streaming.delta_commits import DeltaCommits
 
@@ -38,14 +42,48 @@ def test_an_append_is_written_once_per_app_and_batch(tmp_path: Path) -> None:
     assert DeltaTable(tmp_path / "t").transaction_version("app") == 3
 
 
+def upsert(merge: TableMerger) -> TableMerger:
+    return merge.when_matched_update_all().when_not_matched_insert_all()
+
+
 def test_a_merge_is_skipped_when_its_batch_is_in_the_table(tmp_path: Path) -> None:
     commits = table_at(tmp_path / "t")
     commits.append("t", pa.table({"id": ["a"], "n": [1]}), app_id="app", version=0, metadata="")
     source = pa.table({"id": ["a", "b"], "n": [10, 20]})
-    for _ in range(2):  # the second time is a replay
-        merge = commits.merge("t", source, "t.id = s.id", app_id="app", version=1, metadata="m")
-        if merge is not None:
-            merge.when_matched_update_all().when_not_matched_insert_all().execute()
+    merge = partial(commits.merge, "t", source, "t.id = s.id", upsert, app_id="app", version=1)
+    assert merge(metadata="m")
+    assert not merge(metadata="replayed")
     assert rows(tmp_path / "t") == [{"id": "a", "n": 10}, {"id": "b", "n": 20}]
     assert DeltaTable(tmp_path / "t").transaction_version("app") == 1
     assert DeltaTable(tmp_path / "t").history(1)[0]["userMetadata"] == "m"
+
+
+def only_deletes(merge: TableMerger) -> TableMerger:
+    return merge.when_matched_delete()
+
+
+@pytest.mark.parametrize(
+    ("source", "clauses"),
+    [
+        (pa.table({"id": pa.array([], pa.string()), "n": pa.array([], pa.int64())}), upsert),
+        (pa.table({"id": ["absent"], "n": [1]}), only_deletes),
+    ],
+    ids=["empty source", "nothing matched or inserted"],
+)
+def test_a_merge_with_nothing_to_write_still_commits_its_batch_once(
+    tmp_path: Path, source: pa.Table, clauses: Callable[[TableMerger], TableMerger]
+) -> None:
+    """delta-rs makes no commit for such a MERGE: the batch is committed with no data, its
+    `txn` and metadata recorded like a MERGE's, so a replay is skipped."""
+    commits = table_at(tmp_path / "t")
+    commits.append("t", pa.table({"id": ["a"], "n": [1]}), app_id="app", version=0, metadata="")
+    before = DeltaTable(tmp_path / "t").version()
+    for metadata in ("m", "replayed"):
+        commits.merge(
+            "t", source, "t.id = s.id", clauses, app_id="app", version=1, metadata=metadata
+        )
+    table = DeltaTable(tmp_path / "t")
+    assert table.version() == before + 1
+    assert table.transaction_version("app") == 1
+    assert table.history(1)[0]["userMetadata"] == "m"
+    assert rows(tmp_path / "t") == [{"id": "a", "n": 1}]

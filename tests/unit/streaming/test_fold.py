@@ -15,7 +15,6 @@ from streaming.decode import LoggedEvent
 from streaming.fold import (
     CLOSED,
     OPEN,
-    FoldError,
     JobKey,
     JobState,
     archived_row,
@@ -181,11 +180,69 @@ def test_statistics_count_each_event_once_and_measure_latencies() -> None:
     assert row.queue_wait.count == 0 and row.run_time.count == 1
 
 
-def test_an_event_that_does_not_fit_names_its_place_in_the_log() -> None:
-    event = Completed(epoch=1, at=1.0, job_id="ghost", worker_id="w", attempt=1, lease="1.1")
-    events = [LoggedEvent(0, 42, 0, GROUP, 1, event)]
-    with pytest.raises(FoldError, match="offset 42"):
-        fold_batch(events, [True], {})
+def test_an_event_that_does_not_fit_is_refused_and_the_fold_goes_on() -> None:
+    """A `completed` for a job that does not exist (a hostile producer's record) used to
+    stop the query for good (FoldError); it is refused, the other jobs fold."""
+    ghost = Completed(epoch=1, at=1.0, job_id="ghost", worker_id="w", attempt=1, lease="1.1")
+    fine = enqueued_event("fine", at=2.0)
+    events = [LoggedEvent(0, 42, 0, GROUP, 1, ghost), LoggedEvent(0, 43, 0, GROUP, 1, fine)]
+    result = fold_batch(events, [True, True], {})
+    [refused] = result.refused
+    assert refused.logged is events[0] and "unknown job" in refused.reason
+    assert set(result.final) == {(GROUP, "fine")}
+    assert (
+        result.stats.rows and sum(r.counters["completed"] for r in result.stats.rows.values()) == 0
+    )
+
+
+def enqueued_event(job_id: str, *, at: float = 1.0, **fields: Any) -> Enqueued:
+    values: dict[str, Any] = {
+        "epoch": 1, "at": at, "job_id": job_id, "client_id": "c", "exec": "a.b",
+        "payload": None, "max_attempts": 3, "timeout_s": 30.0, "seq": 1,
+    }  # fmt: skip
+    values.update(fields)
+    return Enqueued(**values)
+
+
+def test_a_refused_event_leaves_its_job_as_it_was_and_the_next_one_applies() -> None:
+    """An `assigned` for a job that is gone is refused (so is the job's next event, which
+    does not fit either); in a job that exists, a stale attempt is refused and the right one
+    applies; the statistics count only applied events."""
+    orphan = Assigned(
+        epoch=1, at=2.0, job_id="orphan", worker_id="w", attempt=1, lease="l", deadline=9.0
+    )
+    orphan_done = Completed(epoch=1, at=2.5, job_id="orphan", worker_id="w", attempt=1, lease="l")
+    fine = enqueued_event("fine", at=3.0, seq=2)
+    events = [LoggedEvent(0, n, 0, GROUP, 1, e) for n, e in enumerate([orphan, orphan_done, fine])]
+    result = fold_batch(events, [True] * 3, {})
+    assert [r.logged.offset for r in result.refused] == [0, 1]
+    assert all("unknown job" in r.reason for r in result.refused)
+    assert set(result.final) == {(GROUP, "fine")}
+    assert sum(r.counters["submitted"] for r in result.stats.rows.values()) == 1
+    assert sum(r.counters["started"] for r in result.stats.rows.values()) == 0
+
+    folded = result.final[(GROUP, "fine")]
+    assert folded is not None
+    stale = Assigned(
+        epoch=1, at=4.0, job_id="fine", worker_id="w", attempt=2, lease="l", deadline=9.0
+    )
+    good = Assigned(
+        epoch=1, at=5.0, job_id="fine", worker_id="w", attempt=1, lease="l", deadline=9.0
+    )
+    later = [LoggedEvent(0, 10, 0, GROUP, 1, stale), LoggedEvent(0, 11, 0, GROUP, 1, good)]
+    result = fold_batch(later, [True, True], {(GROUP, "fine"): folded})
+    assert [r.logged.offset for r in result.refused] == [10]
+    final = result.final[(GROUP, "fine")]
+    assert final is not None and final.record.attempts == 1 and final.started_at == 5.0
+    assert folded.record.attempts == 0, "the pre-batch state is never mutated"
+    assert sum(r.counters["started"] for r in result.stats.rows.values()) == 1
+
+
+def test_a_job_whose_row_does_not_read_back_has_its_events_refused() -> None:
+    events = [LoggedEvent(0, 7, 0, GROUP, 1, enqueued_event("old"))]
+    result = fold_batch(events, [True], {}, unreadable={(GROUP, "old"): "bad payload"})
+    assert [r.reason for r in result.refused] == ["its jobs row does not read back: bad payload"]
+    assert not result.final
 
 
 def test_rows_round_trip_through_the_table_format() -> None:

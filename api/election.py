@@ -13,6 +13,10 @@ The node's leadership term asks two things of it:
   highest epoch in the log when needed (a second term under the same lease, or a lease table
   newer than the log). Only the holder advances it, by a conditional commit, so the epoch of
   the row is always above every epoch a leader ever wrote.
+
+A node whose term cannot work (a stalled loop, a rebuild it must refuse) calls `give_up`: the
+lease is released at once, and the node stands aside for one `ttl_s` before it tries to take
+it again, so that a standby (whose loop may be fine) takes over first.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class Election:
         self.leader_address: str | None = None
         """The base URL of the group's leader as last read (this node's own when it holds)."""
         self.held = threading.Event()
+        self._stand_aside_until = 0.0
+        """Wall-clock time before which this node does not try to take the lease (`give_up`)."""
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -79,6 +85,23 @@ class Election:
                 except Exception:
                     # The lease then expires by itself within ttl_s: slower, not unsafe.
                     log.warning("node %s: could not release the lease", self.node_id, exc_info=True)
+
+    def give_up(self, why: str) -> None:
+        """Release the lease now (if held) and stand aside for one `ttl_s`; the term must
+        have stopped committing first (`serving_until` is 0 from here on). Never raises."""
+        with self._lock:
+            lease = self._lease
+            self._stand_aside_until = time.time() + self.settings.lease.ttl_s
+            if lease is None:
+                return
+            self._lost(f"gave it up: {why}")
+            if self._table is None:
+                return
+            try:
+                self._table.release(lease, time.time())
+            except Exception:
+                # It then expires by itself within ttl_s: slower, not unsafe.
+                log.warning("node %s: could not release the lease", self.node_id, exc_info=True)
 
     # --- what the term uses ----------------------------------------------------------------
 
@@ -132,7 +155,8 @@ class Election:
                     return
                 # Then read who holds it now, below, so 307s name the new leader at once.
                 self._lost("another node holds it now")
-            taken = table.try_acquire(self.group, self.holder, self.address, now)
+            aside = now < self._stand_aside_until
+            taken = None if aside else table.try_acquire(self.group, self.holder, self.address, now)
             if taken is not None:
                 log.info("node %s: took the lease of %r, epoch %d", self.node_id, self.group,
                          taken.epoch)  # fmt: skip

@@ -12,19 +12,68 @@ offsets are sent with a transaction only about once a second, for the tools that
 from whichever of the two is further. A leader that dies mid-iteration leaves nothing
 half-done. All leaders of one group share one `transactional_id`, so `init_transactions` by a
 new leader fences the old one: its next commit fails, and it must step down.
+
+Deadlines: every call the leader's loop makes to Kafka returns within `KAFKA_CALL_DEADLINE_S`
+(kafka-python's `commit_transaction` and `send_offsets_to_transaction` wait without one, so
+`EventLog` waits on their results itself); one that times out raises `KafkaTimeoutError`,
+which fails the term like any failed commit. Every client reconnects at most
+`RECONNECT_BACKOFF_MAX_MS` after the broker comes back (kafka-python's default grows to 30 s).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from dispatch.event_records import EventBatch, decode_batch
 from dispatch.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+KAFKA_CALL_DEADLINE_S = 5.0
+"""The longest any Kafka call of the leader's loop may block (a commit, a poll, a probe)."""
+
+BROKER_PROBE_TIMEOUT_MS = 500
+"""A probe of an idle loop (`SubmitReader.broker_answers`): a healthy broker answers in ~1 ms."""
+
+RECONNECT_BACKOFF_MAX_MS = 500
+"""The longest pause between two connection attempts to a broker that does not answer.
+kafka-python's default doubles the pause up to 30 s: after a broker restart of ~15 s, clients
+stayed away for up to 30 s more. Not shorter: kafka-python 3.0.12 leaves each refused
+connection's socket to the garbage collector (a ResourceWarning each), and logs two lines."""
+
+RECONNECT = {
+    "reconnect_backoff_ms": 50,
+    "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
+}
+"""kafka-python options every client of the dispatcher passes (`api.node` too)."""
+
+
+def check_durable(sends: Sequence[Any], *, began_as: Any, ended_as: Any) -> None:
+    """Raise unless every record of a committed transaction is in the log.
+
+    kafka-python recovers from some produce errors (InvalidProducerEpoch, seen when a paused
+    leader woke up) by bumping the producer's epoch, which aborts the open transaction and
+    fails its in-flight records' futures, and then lets the *commit* succeed with nothing in
+    it. A leader that believed that commit kept decisions the log never got (in a chaos run:
+    jobs completed that were never enqueued in the log). So a commit counts only if the
+    producer's id and epoch are those it began with, and every send landed (the commit is
+    sent only once no record is in flight, so each send's future is done by then)."""
+    if ended_as != began_as:
+        raise KafkaError(
+            f"the producer moved from {began_as} to {ended_as} during the transaction: "
+            "it was aborted"
+        )
+    for sent in sends:
+        if not sent.succeeded():
+            raise KafkaError(f"a record of the transaction was not written: {sent.exception!r}")
 
 
 def submit_group_id(group: str) -> str:
@@ -75,6 +124,8 @@ class SubmitReader:
             # broker answered "nothing" during the commit and a submission arriving later
             # waited for the next iteration's fetch: ~2 iterations instead of ~1.
             fetch_max_wait_ms=500,
+            request_timeout_ms=int(KAFKA_CALL_DEADLINE_S * 1000),
+            **RECONNECT,
         )
         partitions = self._consumer.partitions_for_topic(self.topic)
         if not partitions:
@@ -90,7 +141,9 @@ class SubmitReader:
         self.position: dict[int, int] = {}
         """Partition -> the offset of the next submission to read: what a commit records."""
         for partition in self._partitions:
-            committed = self._consumer.committed(partition)
+            committed = self._consumer.committed(
+                partition, timeout_ms=int(KAFKA_CALL_DEADLINE_S * 1000)
+            )
             start = max(
                 beginning[partition],
                 carried.get(partition.partition, 0),
@@ -111,6 +164,15 @@ class SubmitReader:
             self.position[partition.partition] = batch[-1].offset + 1
             self._moved = True
         return records
+
+    def broker_answers(self) -> bool:
+        """Whether the broker answers a small request (the end offsets of the submit
+        partitions) within `BROKER_PROBE_TIMEOUT_MS`."""
+        try:
+            self._consumer.end_offsets(self._partitions, timeout_ms=BROKER_PROBE_TIMEOUT_MS)
+        except KafkaError:
+            return False
+        return True
 
     def take_moved(self) -> bool:
         """Whether `poll` consumed anything since the last call (the position must be
@@ -137,7 +199,10 @@ class EventLog:
             linger_ms=0,
             max_request_size=16 * 1024 * 1024,
             transaction_timeout_ms=15_000,
-            max_block_ms=15_000,
+            # Bounds `send` (waiting for metadata) and `init_transactions`.
+            max_block_ms=int(KAFKA_CALL_DEADLINE_S * 1000),
+            request_timeout_ms=int(KAFKA_CALL_DEADLINE_S * 1000),
+            **RECONNECT,
             # A transaction that starts right after the previous one committed is refused with
             # CONCURRENT_TRANSACTIONS until the broker has written the previous one's markers
             # (a millisecond or two); kafka-python then waits `retry_backoff_ms` before asking
@@ -162,29 +227,68 @@ class EventLog:
 
         Raises a KafkaError on failure (ProducerFencedError when a newer leader took over):
         the caller's in-memory state is then ahead of the log and must be rebuilt."""
+        deadline = time.monotonic() + KAFKA_CALL_DEADLINE_S
         producer = self._producer
+        manager = producer._transaction_manager
+        identity = manager.producer_id_and_epoch
         producer.begin_transaction()
-        for record in events_records:
+        sends = [
             producer.send(self.kafka.events_topic, key=self.group.encode(), value=record)
-        for rejection in rejections:
-            producer.send(self.kafka.rejected_topic, value=rejection)
+            for record in events_records
+        ]
+        sends += [producer.send(self.kafka.rejected_topic, value=record) for record in rejections]
+        # What `send_offsets_to_transaction` and `commit_transaction` do, but waiting for the
+        # broker's answer only until the deadline (kafka-python waits forever: a leader whose
+        # broker restarted mid-commit once answered /readyz 200 and did nothing for 85 s).
         if group_offsets:
             topic = self.kafka.submit_topic
-            producer.send_offsets_to_transaction(
-                {
-                    TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
-                    for partition, offset in group_offsets.items()
-                },
-                submit_group_id(self.group),
-            )
-        producer.commit_transaction()
+            offsets = {
+                TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
+                for partition, offset in group_offsets.items()
+            }
+            sent = manager.send_offsets_to_transaction(offsets, submit_group_id(self.group))
+            self._wait(sent, "sending the group's offsets", deadline)
+        self._wait(manager.begin_commit(), "committing the transaction", deadline)
+        check_durable(sends, began_as=identity, ended_as=manager.producer_id_and_epoch)
+
+    def _wait(self, result: Any, what: str, deadline: float) -> None:
+        """Wait for a transactional request's result until `deadline` (monotonic); raises
+        its error, or KafkaTimeoutError. The producer is unusable after a timeout: the term
+        that owns it ends (and a new term's `init_transactions` aborts what was open)."""
+        self._producer._sender.wakeup()
+        remaining_ms = max(0.0, deadline - time.monotonic()) * 1000
+        if not result.wait(timeout_ms=remaining_ms):
+            raise KafkaTimeoutError(f"{what}: no answer within {KAFKA_CALL_DEADLINE_S:.0f}s")
 
     def close(self) -> None:
-        self._producer.close(timeout=5)
+        """Close at once: every transaction of a working term is committed, so nothing is
+        left to flush; a failed term's open transaction is garbage (its records are never
+        read, and the next `init_transactions` aborts it)."""
+        producer = self._producer
+        try:
+            producer.close(timeout=0)
+        except KafkaTimeoutError:
+            # kafka-python's close gives up at a flush that timed out (records of an open
+            # transaction, the broker gone) before it stops its sender thread, and tries
+            # again, noisily, when the producer is collected: stop the sender and mark it
+            # closed here.
+            producer._sender.force_close()
+            producer._closed = True
 
 
 class SnapshotBehindLog(Exception):
-    """The log no longer holds the records right after the snapshot (retention removed them)."""
+    """The log no longer holds the records right after the snapshot (retention removed them):
+    `topic`[`partition`] starts at `log_start`, after the snapshot's `snapshot_offset`."""
+
+    def __init__(self, topic: str, partition: int, snapshot_offset: int, log_start: int) -> None:
+        super().__init__(
+            f"{topic}[{partition}] starts at {log_start}, after the snapshot's offset "
+            f"{snapshot_offset}: offsets {snapshot_offset}..{log_start - 1} are gone"
+        )
+        self.topic = topic
+        self.partition = partition
+        self.snapshot_offset = snapshot_offset
+        self.log_start = log_start
 
 
 class EventsReader:
@@ -203,6 +307,8 @@ class EventsReader:
             isolation_level="read_committed",
             auto_offset_reset="earliest",
             max_poll_records=2000,
+            request_timeout_ms=int(KAFKA_CALL_DEADLINE_S * 1000),
+            **RECONNECT,
         )
         self._partitions = [
             TopicPartition(self.topic, p)
@@ -219,26 +325,33 @@ class EventsReader:
         self._consumer.close()
 
     def replay(
-        self, start: Mapping[int, int] | None = None, *, stall_timeout_s: float = 120.0
+        self,
+        start: Mapping[int, int] | None = None,
+        *,
+        stall_timeout_s: float = 120.0,
+        complete: bool = False,
     ) -> Iterator[EventBatch]:
         """Every committed batch from `start` (partition -> offset; absent partitions and
         `None` mean the beginning) to the current end.
 
         Call after `EventLog` init (which aborted any open transaction of a dead leader), so
         the end read here is final until this leader writes. Raises SnapshotBehindLog when a
-        start offset is below what the log still holds, and TimeoutError when nothing arrives
-        for `stall_timeout_s` (a long log may take minutes: only a stalled read is an error)."""
+        start offset is below what the log still holds (with `complete`, "the beginning" means
+        offset 0: a rebuild needs the whole log, not what retention left of it), and
+        TimeoutError when nothing arrives for `stall_timeout_s` (a long log may take minutes:
+        only a stalled read is an error)."""
         consumer, partitions = self._consumer, self._partitions
         consumer.assign(partitions)
         beginning = consumer.beginning_offsets(partitions)
         for partition in partitions:
             offset = (start or {}).get(partition.partition)
+            if offset is None and complete:
+                offset = 0
             if offset is None:
                 consumer.seek(partition, beginning[partition])
             elif offset < beginning[partition]:
                 raise SnapshotBehindLog(
-                    f"{partition.topic}[{partition.partition}] starts at "
-                    f"{beginning[partition]}, after the snapshot's offset {offset}"
+                    partition.topic, partition.partition, offset, beginning[partition]
                 )
             else:
                 consumer.seek(partition, offset)
@@ -252,8 +365,19 @@ class EventsReader:
             for batch in consumer.poll(timeout_ms=500).values():
                 deadline = time.monotonic() + stall_timeout_s
                 for record in batch:
-                    if record.value is not None:
-                        yield decode_batch(record.value)
+                    if record.value is None:
+                        continue
+                    try:
+                        decoded = decode_batch(record.value)
+                    except ValueError as error:
+                        # Not a leader's record (only leaders may write this topic): skipped
+                        # and named, as the streaming fold skips it, never a failed rebuild.
+                        log.error(
+                            "replaying %s: skipped the record at %d/%d: %s",
+                            self.topic, record.partition, record.offset, error,
+                        )  # fmt: skip
+                        continue
+                    yield decoded
 
     def last_submit_position(
         self,

@@ -14,7 +14,14 @@ A term exists only while its node holds the group's lease (`api.election`): the 
 the lease's epoch (stamped on every event it writes) and a `serving_until` clock it checks
 before each commit, so a leader whose lease could have expired somewhere decides nothing more.
 The rebuild starts from the newest Delta snapshot of `jobs` (see `streaming.snapshot`) and
-replays only the log after its offsets; without one, it replays the whole log.
+replays only the log after its offsets; without one, it replays the whole log. When retention
+removed records the rebuild needs, the term refuses to lead (`LogGap`): a partial state is
+never served.
+
+A request that goes away (its future cancelled) never reaches the core; nothing a request
+does can raise on the loop thread except a failure of the term itself. The loop records when
+it last completed an iteration and when the broker last answered it (`not_working`): its node
+reports not ready past `stall_bound_s`, and gives up the lease when the loop itself stalls.
 """
 
 from __future__ import annotations
@@ -27,14 +34,21 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.kafka_log import EventLog, EventsReader, SnapshotBehindLog, SubmitReader
+from api.kafka_log import (
+    KAFKA_CALL_DEADLINE_S,
+    EventLog,
+    EventsReader,
+    SnapshotBehindLog,
+    SubmitReader,
+)
 from api.metrics import Metrics
+from dispatch.core.commands import SubmitRequest
 from dispatch.core.dispatcher import Dispatcher
-from dispatch.core.errors import Rejected
+from dispatch.core.errors import InvalidTransition, Rejected
 from dispatch.core.events import Event
 from dispatch.event_records import encode_batches
 from dispatch.settings import Settings
@@ -47,6 +61,10 @@ IDLE_POLL_MS = 5
 
 PRUNE_EVERY_S = 60.0
 """How often finished jobs older than the dedup window are forgotten (memory stays bounded)."""
+
+BROKER_PROBE_EVERY_S = 1.0
+"""How often a loop that committed nothing asks the broker something (a bounded ListOffsets),
+so that `not_working` tells when the broker is gone even while there is nothing to do."""
 
 GROUP_OFFSETS_EVERY_S = 1.0
 """How often the submit position also goes to the consumer group's offsets (for monitoring
@@ -102,6 +120,63 @@ class LeaderUnavailable(Exception):
 
 class LeaseExpired(Exception):
     """The term's lease may have expired somewhere: it must not commit anything more."""
+
+
+def stall_bound_s(settings: Settings) -> float:
+    """How long a term's loop may go without completing an iteration (or without a broker
+    answer) before its node reports not ready; a loop stalled that long also gives up the
+    lease (`api.node`). Above every Kafka call's own deadline, so a call that times out fails
+    the term first, and at least two lease periods, so a garbage collection or one slow
+    commit is no stall."""
+    return max(KAFKA_CALL_DEADLINE_S + 1.0, 2 * settings.lease.ttl_s)
+
+
+def _claim(future: Future[Any]) -> bool:
+    """Take a command's future for the loop: False when its request went away (cancelled)
+    or it is settled already. A claimed future can no longer be cancelled (`asyncio`'s
+    `wrap_future` cancels it when the awaiting request is cancelled), so settling it later
+    cannot raise `InvalidStateError` on the loop thread."""
+    try:
+        return future.set_running_or_notify_cancel()
+    except RuntimeError:  # already running or settled: someone else answered it
+        return False
+
+
+def _settle(future: Future[Any], value: Any = None, error: BaseException | None = None) -> None:
+    """Resolve a command's future unless it is already settled; never raises."""
+    if future.done():
+        return
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+    except InvalidStateError:
+        log.debug("a command's future was settled elsewhere", exc_info=True)
+
+
+ACCEPT_LOG_GAP = "dispatcher.accept_log_gap"
+"""The setting by which an operator lets a leader serve although the log lost records after
+the newest snapshot (they are then lost for good)."""
+
+
+def accepts_log_gap(settings: Settings) -> bool:
+    """Whether the operator accepted serving over a gap in the log (`ACCEPT_LOG_GAP`)."""
+    return settings.dispatcher.accept_log_gap
+
+
+class LogGap(LeaderUnavailable):
+    """This node refuses to lead: the log's retention removed records after the newest
+    snapshot, so any state rebuilt now would be partial. Names the gap."""
+
+    def __init__(self, gap: SnapshotBehindLog) -> None:
+        super().__init__(
+            f"refusing to lead: {gap}; no copy of these records exists (the snapshot is the "
+            f"streaming fold's position), so the state would be partial. Restore the log, or "
+            f"set {ACCEPT_LOG_GAP} = true (DISPATCH_DISPATCHER__ACCEPT_LOG_GAP=true) to accept "
+            f"losing them"
+        )
+        self.gap = gap
 
 
 EpochFor = Callable[[int], int]
@@ -164,10 +239,18 @@ class Leader:
         """How the rebuild started: "snapshot v<version>" or "full log" (and why)."""
         self._next_prune = 0.0
         self.replayed_batches = 0
+        self.skipped_events = 0
+        """Logged events the rebuild could not apply (see `_replay`)."""
         self.submit_position: dict[int, int] | None = None
         """Where the log says reading `dispatch.submit` goes on (None: the log never said)."""
         self._group_offsets: dict[int, int] = {}
         self._next_group_offsets = 0.0
+        self.stall_bound_s = stall_bound_s(settings)
+        self.last_iteration = time.monotonic()
+        """When the loop last completed an iteration (monotonic)."""
+        self.broker_answered = time.monotonic()
+        """When the broker last answered the loop (a commit or a probe; monotonic)."""
+        self._next_probe = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -185,7 +268,9 @@ class Leader:
         now = time.time()
         epoch = self.epoch_for(self.core.fence.epoch)
         events = self.core.begin_epoch(epoch, now, holder=self.node_id)
-        events += self.core.resume(now)
+        # Running jobs get the workers' expiry window to be acked or heartbeated again: their
+        # workers could do neither while no leader served.
+        events += self.core.resume(now, grace_s=self.settings.dispatcher.worker_expiry_s)
         self._commit(events, [], moved=False, now=now)
         self.listener.committed(self.core, events)
         self.rebuild_s = time.monotonic() - started
@@ -194,6 +279,7 @@ class Leader:
             self.node_id, self.core.epoch, self.rebuilt_from, self.replayed_batches,
             self.rebuild_s,
         )  # fmt: skip
+        self.last_iteration = self.broker_answered = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="dispatch-leader", daemon=True)
         self._thread.start()
         self.ready.set()
@@ -231,31 +317,54 @@ class Leader:
 
     def _replay_or_full(self, reader: EventsReader, start: dict[int, int] | None) -> None:
         """Replay the log after the snapshot's offsets (or all of it), and find where reading
-        submissions goes on; a full replay when retention removed the log after the snapshot."""
+        submissions goes on.
+
+        When retention removed records right after the snapshot, neither the log nor Delta
+        holds them (the snapshot is the fold's position: whatever the fold wrote to `events`
+        is folded into it too), so no rebuild can be complete: the term refuses to lead
+        (`LogGap`), unless the operator accepted the loss (`accepts_log_gap`); then the
+        snapshot's state goes on with what the log still holds after the gap."""
         try:
             self._replay(reader, start)
-            if start is not None and self.submit_position is None:
-                # Nothing committed since the snapshot: the position as it was then is in
-                # the log's last record before it.
-                self.submit_position = reader.last_submit_position(self.group, before=start)
         except SnapshotBehindLog as gap:
-            log.warning(
-                "leader %s: %s; the log was trimmed past the snapshot: full replay",
-                self.node_id, gap,
+            if not accepts_log_gap(self.settings):
+                raise LogGap(gap) from gap
+            log.error(
+                "leader %s: %s; the records in the gap are lost (%s is set): serving the "
+                "snapshot and the log after the gap", self.node_id, gap, ACCEPT_LOG_GAP,
             )  # fmt: skip
-            self.core = Dispatcher(self.settings.dispatcher.core_config())
-            # The restored core is garbage (reference cycles) and the collector is off: free
-            # it now rather than let `collector_paused` freeze it with the new one.
-            gc.collect()
-            self.replayed_batches = 0
-            self.submit_position = None
-            self.rebuilt_from = "full log (the snapshot is behind the log's retention)"
-            self._replay(reader, None)
+            self.rebuilt_from += f" + the log after a gap ({gap})"
+            start = self._replay_accepting_gaps(
+                reader, {**(start or {}), gap.partition: gap.log_start}
+            )
+        if start is not None and self.submit_position is None:
+            # Nothing committed since the snapshot: the position as it was then is in
+            # the log's last record before it.
+            self.submit_position = reader.last_submit_position(self.group, before=start)
+
+    def _replay_accepting_gaps(self, reader: EventsReader, start: dict[int, int]) -> dict[int, int]:
+        """Replay from `start`, moving every partition the log trimmed to the log's start
+        (an operator accepted the loss); returns where the replay started."""
+        while True:
+            try:
+                self._replay(reader, start)
+                return start
+            except SnapshotBehindLog as gap:
+                start = {**start, gap.partition: gap.log_start}
 
     def _replay(self, reader: EventsReader, start: dict[int, int] | None) -> None:
-        for batch in reader.replay(start):
+        core = self.core
+        for batch in reader.replay(start, complete=True):
             if batch.group == self.group:
-                self.core.apply_all(batch.events)
+                for event in batch.events:
+                    try:
+                        core.apply(event)
+                    except InvalidTransition as error:
+                        # Only a record no leader wrote (a producer that bypassed the
+                        # topic's ACLs) contradicts the state: skipped, as the streaming fold
+                        # skips it (the state is unchanged), so leader and Delta agree.
+                        self.skipped_events += 1
+                        log.error("leader %s: replay skipped %r: %s", self.node_id, event, error)
                 self.replayed_batches += 1
                 # A batch the epoch fence voided (a deposed leader's) consumed nothing.
                 if batch.submit is not None and batch.epoch >= self.core.fence.epoch:
@@ -274,6 +383,19 @@ class Leader:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def stalled_s(self) -> float:
+        """Seconds since the loop last completed an iteration."""
+        return time.monotonic() - self.last_iteration
+
+    def not_working(self) -> str | None:
+        """Why this running term does no work (a stalled loop, a silent broker), or None."""
+        now = time.monotonic()
+        if now - self.last_iteration > self.stall_bound_s:
+            return f"the leader loop completed no iteration for {now - self.last_iteration:.1f}s"
+        if now - self.broker_answered > self.stall_bound_s:
+            return f"the Kafka broker has not answered for {now - self.broker_answered:.1f}s"
+        return None
+
     def _close(self) -> None:
         for closeable in (self._reader, self._log):
             if closeable is not None:
@@ -288,7 +410,7 @@ class Leader:
     def submit(self, command: Command) -> Future[Any]:
         """Queue a command for the loop; its future resolves after the commit."""
         if self.error is not None or self._stopping.is_set():
-            command.future.set_exception(LeaderUnavailable("this leader has stopped"))
+            _settle(command.future, error=LeaderUnavailable("this leader has stopped"))
         else:
             self._mailbox.put(command)
         return command.future
@@ -317,8 +439,21 @@ class Leader:
                 return commands
 
     def _iterate(self) -> None:
+        # Requests that went away (their futures cancelled) are dropped here, before they
+        # cost anything; the others can no longer be cancelled.
+        commands = [command for command in self._drain() if _claim(command.future)]
+        try:
+            self._iterate_with(commands)
+        except BaseException as error:
+            # The term ends: whatever was taken from the mailbox and not answered yet would
+            # otherwise wait forever (`_fail_waiting` sees only the mailbox).
+            for command in commands:
+                _settle(command.future, error=LeaderUnavailable(f"leader stopped: {error!r}"))
+            raise
+        self.last_iteration = time.monotonic()
+
+    def _iterate_with(self, commands: list[Command]) -> None:
         assert self._reader is not None
-        commands = self._drain()
         records = self._reader.poll(timeout_ms=0 if commands else IDLE_POLL_MS)
         now = time.time()
         core = self.core
@@ -328,51 +463,87 @@ class Leader:
             try:
                 own = command.decide(core, now)
             except Rejected as rejected:
-                command.future.set_exception(rejected)
+                _settle(command.future, error=rejected)
                 continue
             events += own
             decided.append((command, own))
         rejections: list[bytes] = []
         if records:
-            max_payload = self.settings.api.max_payload_bytes
-            submissions = []
-            for record in records:
-                try:
-                    submissions.append(
-                        parse_submit_record(record.key, record.value, max_payload_bytes=max_payload)
-                    )
-                except SubmissionError as error:
-                    rejection = Rejection(
-                        str(error), self._reader.topic, record.partition, record.offset,
-                        record.key, record.value, now,
-                    )  # fmt: skip
-                    rejections.append(rejection.to_record_value())
-            events += core.submit_many(submissions, now)
+            events += self._consume(records, now, rejections)
         events += core.tick(now)
         if now >= self._next_prune:
             self._next_prune = now + PRUNE_EVERY_S
             events += core.prune(now - self.settings.dispatcher.dedup_window_s, now)
         try:
-            self._commit(events, rejections, moved=self._reader.take_moved(), now=now)
+            committed = self._commit(events, rejections, moved=self._reader.take_moved(), now=now)
         except BaseException as error:
             # Decided but not durable: none of these may be answered as done.
             for command, _ in decided:
-                command.future.set_exception(LeaderUnavailable(f"commit failed: {error!r}"))
+                _settle(command.future, error=LeaderUnavailable(f"commit failed: {error!r}"))
             raise
+        if committed:
+            self.broker_answered = time.monotonic()
+        elif time.monotonic() >= self._next_probe:
+            self._probe_broker()
         for command, own in decided:
             try:
-                command.future.set_result(command.answer(core, own) if command.answer else own)
+                value = command.answer(core, own) if command.answer else own
             except Exception as error:  # noqa: BLE001  (a bad answer must reach its caller)
-                command.future.set_exception(error)
+                _settle(command.future, error=error)
+            else:
+                _settle(command.future, value)
         if events:
             self.listener.committed(core, events)
 
+    def _consume(self, records: list[Any], now: float, rejections: list[bytes]) -> list[Event]:
+        """Submit the consumed `dispatch.submit` records to the core; each one that does not
+        parse, or that the core refuses, becomes a rejection record (never a silent drop)."""
+        assert self._reader is not None
+        max_payload = self.settings.api.max_payload_bytes
+        topic = self._reader.topic
+        submissions = []
+        # The record each parsed submission came from, for a refusal by the core.
+        origin: dict[int, Any] = {}
+        for record in records:
+            try:
+                submission = parse_submit_record(
+                    record.key, record.value, max_payload_bytes=max_payload
+                )
+            except SubmissionError as error:
+                rejection = Rejection(
+                    str(error), topic, record.partition, record.offset,
+                    record.key, record.value, now,
+                )  # fmt: skip
+                rejections.append(rejection.to_record_value())
+                continue
+            submissions.append(submission)
+            origin[id(submission)] = record
+        refused: list[tuple[SubmitRequest, str]] = []
+        events = self.core.submit_many(submissions, now, refused=refused)
+        for submission, reason in refused:
+            # Valid alone, refused by the state (one exec queue too many for its client).
+            record = origin[id(submission)]
+            rejection = Rejection(
+                reason, topic, record.partition, record.offset, record.key, record.value, now
+            )
+            rejections.append(rejection.to_record_value())
+        return events
+
+    def _probe_broker(self) -> None:
+        """Ask the broker a bounded question, so that an idle loop notices a silent broker
+        (`not_working`) without failing its term: when the broker answers again, the term
+        goes on serving at once, with no rebuild."""
+        assert self._reader is not None
+        self._next_probe = time.monotonic() + BROKER_PROBE_EVERY_S
+        if self._reader.broker_answers():
+            self.broker_answered = time.monotonic()
+
     def _commit(
         self, events: list[Event], rejections: list[bytes], *, moved: bool, now: float
-    ) -> None:
+    ) -> bool:
         """Commit what was decided, the submit position in the events log (when submissions
         were consumed, or with any events), and about once a second the group's offsets;
-        nothing when there is none of these."""
+        nothing when there is none of these (then False)."""
         assert self._log is not None and self._reader is not None
         position = self._reader.position
         group_offsets = None
@@ -381,7 +552,7 @@ class Leader:
             if position != self._group_offsets:
                 group_offsets = dict(position)
         if not (events or rejections or moved or group_offsets):
-            return
+            return False
         if time.time() >= self.serving_until():
             # Another node may already see this lease as expired and take over: nothing
             # decided now may become durable (Kafka's fencing would refuse it anyway once
@@ -397,8 +568,9 @@ class Leader:
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
         if group_offsets is not None:
             self._group_offsets = group_offsets
+        return True
 
     def _fail_waiting(self, error: BaseException | None) -> None:
         reason = LeaderUnavailable(f"leader stopped: {error!r}" if error else "leader stopped")
         for command in self._drain():
-            command.future.set_exception(reason)
+            _settle(command.future, error=reason)

@@ -7,6 +7,13 @@ leader, rebuilds, and serves; when a term fails (fenced, broker lost) and the le
 held, it starts a new one. A node without the lease is a follower: `Node.leader()` raises
 `LeaderUnavailable` naming the leader, which the routes turn into a 307 to it, except for
 submissions, which any node writes to `dispatch.submit` itself.
+
+Ready means working: `Node.ready` is true only while this node's term has completed a loop
+iteration, and heard from the broker, within `stall_bound_s` (`Leader.not_working`). A term
+whose loop stalls past that bound is abandoned: the node gives the lease up (a standby takes
+over) and its supervisor starts a new term when it holds the lease again. A term that fails
+to start is retried after RESTART_BACKOFF_S; a term refused because the log lost records
+after the newest snapshot (`LogGap`) keeps the node not ready, with that reason.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from kafka import KafkaProducer
 
 from api.election import Election
 from api.hub import Hub
+from api.kafka_log import RECONNECT
 from api.lag_metrics import LagGauges
 from api.leader import (
     Answer,
@@ -30,6 +38,7 @@ from api.leader import (
     Decide,
     Leader,
     LeaderUnavailable,
+    LogGap,
     preload_rebuild_modules,
 )
 from api.metrics import Metrics
@@ -39,7 +48,13 @@ from dispatch.submit_records import submit_record_value
 
 log = logging.getLogger(__name__)
 
-RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+RESTART_BACKOFF_S = (0.1, 0.25, 0.5, 1.0)
+"""Pauses before retrying a term that did not start (the broker down, a rebuild that failed).
+Short, so that a node serves within about a second of its broker answering again: a start
+that fails costs only a refused connection while the broker is down."""
+
+REFUSED_RETRY_S = 5.0
+"""Pause before trying again to lead over a gap in the log (`LogGap`): the operator must act."""
 
 
 class Node:
@@ -55,6 +70,8 @@ class Node:
         self._producer: KafkaProducer | None = None
         self.hub: Hub | None = None
         self.terms = 0
+        self.refused: str | None = None
+        """Why this node refuses to lead (`LogGap`), until a term starts."""
         self._wake = threading.Event()
         self.election = Election(settings, node_id, address, on_change=self._wake.set)
 
@@ -67,6 +84,7 @@ class Node:
             bootstrap_servers=self.settings.kafka.bootstrap,
             client_id=f"dispatch-{self.node_id}-submit",
             acks="all",
+            **RECONNECT,
             enable_idempotence=True,
             # A millisecond of linger batches a REST batch's records (sent in one loop, well
             # within it) into few produce requests; every new batch would otherwise wake the
@@ -118,6 +136,8 @@ class Node:
                 gc.collect()
             if started:
                 failures = 0
+            elif self.refused is not None:
+                self._stopping.wait(REFUSED_RETRY_S)
             else:
                 self._stopping.wait(RESTART_BACKOFF_S[min(failures, len(RESTART_BACKOFF_S) - 1)])
                 failures += 1
@@ -133,15 +153,30 @@ class Node:
         )  # fmt: skip
         try:
             leader.start()
+        except LogGap as refusal:
+            log.error("node %s: %s", self.node_id, refusal)
+            self.refused = str(refusal)
+            leader.stop()
+            return False
         except Exception:
             log.exception("node %s could not start a leader term", self.node_id)
             leader.stop()
             return False
+        self.refused = None
         self.terms += 1
         self._leader = leader
         self.metrics.is_leader.set(1)
         self.metrics.epoch.set(leader.core.epoch)
         while leader.running and self.election.held.is_set() and not self._stopping.is_set():
+            if leader.stalled_s() > leader.stall_bound_s:
+                # Ready must mean working: a loop stuck somewhere (a Kafka call past its
+                # deadline, a bug) serves nobody; a standby may.
+                log.error(
+                    "node %s: the leader loop completed no iteration for %.1fs: giving up "
+                    "the lease", self.node_id, leader.stalled_s(),
+                )  # fmt: skip
+                self.election.give_up("the leader loop stalled")
+                break
             self._wake.wait(0.1)
             self._wake.clear()
         self.metrics.is_leader.set(0)
@@ -163,10 +198,19 @@ class Node:
 
     @property
     def ready(self) -> bool:
+        """This node leads and its term works (see `not_ready_reason`)."""
+        return self.not_ready_reason() is None
+
+    def not_ready_reason(self) -> str | None:
+        """Why this node does not serve as the leader now, or None when it does: it follows,
+        its term is starting or refused to lead, its loop stalled, or its broker is silent."""
         try:
-            return self.leader().running
-        except LeaderUnavailable:
-            return False
+            leader = self.leader()
+        except LeaderUnavailable as unavailable:
+            return self.refused or str(unavailable)
+        if not leader.running:
+            return "the leader term has stopped"
+        return leader.not_working()
 
     async def call(self, decide: Decide, answer: Answer | None = None) -> Any:
         """Run a command on the leader loop; resolves after its commit."""

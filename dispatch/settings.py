@@ -138,6 +138,10 @@ class DispatcherSettings(_Section):
     max_attempts: int = Field(5, ge=1)
     worker_expiry_s: float = Field(15.0, gt=0)
     dedup_window_s: float = Field(86400.0, gt=0)
+    accept_log_gap: bool = False
+    """Lead even when the events log's retention removed records the rebuild needs (after the
+    newest snapshot's offsets): those decisions are lost. Off by default: such a node refuses
+    to lead and names the gap on /readyz (docs/architecture.md)."""
 
     @field_validator("caps")
     @classmethod

@@ -4,7 +4,8 @@ In start order (stopped in reverse): the Kafka broker and its topics, the Struct
 fold (`dispatch streaming`), one API node per `api.ports` (the first to take the lease leads,
 the others stand by), and optionally demo workers (`worker.examples`). Each is a managed
 process with a pid file under `var/run`; `var/run/stack.json` remembers which optional parts
-`up` started, so `status` and `down` know what to expect.
+`up` started, so `status` and `down` know what to expect. `restart` stops one component by
+its recorded pid and starts it again with the same settings (`dispatch restart`).
 """
 
 from __future__ import annotations
@@ -111,25 +112,74 @@ class LocalStack:
             self.broker.start()
         created = create_topics(self.settings.kafka)
         dev_keys = ensure_dev_keys(self.settings.auth)
-        environment = {**os.environ, **to_environment(self.settings)}
+        environment = self._environment()
         if self.plan.streaming and self.streaming.record() is None:
             self.streaming.start([DISPATCH, "streaming"], env=environment)
         for node in self.nodes:
             if node.process.record() is None:
                 node.start()
         self._wait_for_leader()
-        urls = ",".join(node.url for node in self.nodes)
         for worker in self.workers():
             if worker.record() is None:
-                worker_environment = {
-                    **environment,
-                    "DISPATCH_URL": urls,
-                    "DISPATCH_API_KEY": dev_keys["worker"],
-                }
-                worker.start(
-                    [DISPATCH, "worker", "--app", "worker.examples:app"], env=worker_environment
-                )
+                self._start_worker(worker, dev_keys["worker"])
         return created
+
+    def _environment(self) -> dict[str, str]:
+        # The child gets exactly these settings, whatever its environment or working folder.
+        return {**os.environ, **to_environment(self.settings)}
+
+    def _start_worker(self, worker: ManagedProcess, key: str) -> None:
+        urls = ",".join(node.url for node in self.nodes)
+        environment = {**self._environment(), "DISPATCH_URL": urls, "DISPATCH_API_KEY": key}
+        worker.start([DISPATCH, "worker", "--app", "worker.examples:app"], env=environment)
+
+    def restart(self, component: str, port: int | None = None) -> list[str]:
+        """Stop one component by the pid its pid file records and start it again with these
+        settings: "broker" (returns once it answers), "streaming", "node" (the one on `port`;
+        returns once it answers /healthz) or "workers" (every demo worker `up` started).
+        The others keep running: clients and workers ride it out as they do a crash. Returns
+        the names restarted."""
+        if component == "broker":
+            self.broker.stop()
+            self.broker.start()
+            return ["broker"]
+        if component == "streaming":
+            self.streaming.stop(timeout_s=60.0)
+            self.streaming.start([DISPATCH, "streaming"], env=self._environment())
+            return ["streaming"]
+        if component == "node":
+            node = next((node for node in self.nodes if node.port == port), None)
+            if node is None:
+                ports = ", ".join(str(node.port) for node in self.nodes)
+                raise ProcessError(f"no API node on port {port}; the stack's ports: {ports}")
+            node.process.stop(timeout_s=20.0)
+            node.start()
+            self._wait_answering(node)
+            return [node.process.name]
+        if component == "workers":
+            from api.auth import ensure_dev_keys
+
+            key = ensure_dev_keys(self.settings.auth)["worker"]
+            workers = self.workers()
+            for worker in workers:
+                worker.stop(20.0)
+                self._start_worker(worker, key)
+            return [worker.name for worker in workers]
+        raise ProcessError(
+            f"unknown component {component!r}: expected broker, streaming, node or workers"
+        )
+
+    def _wait_answering(self, node: ApiNode) -> None:
+        deadline = time.monotonic() + NODE_READY_TIMEOUT_S
+        while not node.answers("/healthz"):
+            if node.process.record() is None:
+                raise ProcessError(
+                    f"the API node on port {node.port} exited during start; see "
+                    f"{node.process.log_file}:\n{node.process.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise ProcessError(f"the API node on port {node.port} did not answer in time")
+            time.sleep(0.2)
 
     def _wait_for_leader(self) -> None:
         """Until one node is the ready leader (a standby answers /readyz 503)."""

@@ -1,6 +1,7 @@
 """The leader's Kafka adapter against the real broker: the submit position rides in the events
 log, a new reader starts from it, a rebuild finds it behind a snapshot's offsets, and a log
-trimmed by retention past a snapshot is reported, not silently replayed from its head."""
+trimmed by retention past a snapshot is reported with the gap, never replayed from its head
+(the leader then refuses to lead: see tests/unit/api/test_leader.py)."""
 
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def test_behind_records_that_carry_no_position_the_search_stops(
     assert last_submit_position(topics, GROUP, before=end) is None
 
 
-def test_a_log_trimmed_past_the_snapshot_is_reported_and_a_full_replay_starts_at_its_head(
+def test_a_log_trimmed_past_the_snapshot_is_reported_with_the_gap_and_never_replayed_partially(
     topics: Settings, event_log: EventLog
 ) -> None:
     for n in range(6):
@@ -136,9 +137,20 @@ def test_a_log_trimmed_past_the_snapshot_is_reported_and_a_full_replay_starts_at
         admin.delete_records({TopicPartition(topics.kafka.events_topic, 0): 6})
     finally:
         admin.close()
-    with pytest.raises(SnapshotBehindLog, match="starts at 6"):
+    with pytest.raises(SnapshotBehindLog, match="starts at 6") as behind:
         list(replay_events(topics.kafka, client_id="behind", start={0: 2}))
-    assert [b.submit for b in replay_events(topics.kafka, client_id="full")] == [
+    gap = behind.value
+    assert (gap.topic, gap.partition, gap.snapshot_offset, gap.log_start) == (
+        topics.kafka.events_topic, 0, 2, 6,
+    )  # fmt: skip
+    # A rebuild with no snapshot needs the log from offset 0: what retention left is partial.
+    with (
+        EventsReader(topics.kafka, client_id="complete") as reader,
+        pytest.raises(SnapshotBehindLog, match="starts at 6, after the snapshot's offset 0"),
+    ):
+        list(reader.replay(None, complete=True))
+    # Audits and tools may still read what is left.
+    assert [b.submit for b in replay_events(topics.kafka, client_id="rest")] == [
         {0: 3},
         {0: 4},
         {0: 5},

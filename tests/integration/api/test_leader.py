@@ -19,6 +19,7 @@ import api.leader
 from api.auth import ensure_dev_keys
 from api.kafka_log import replay_events
 from dispatch.core.events import Completed, Enqueued
+from dispatch.event_records import encode_batches
 from dispatch.settings import Settings
 from dispatch.stack.ports import free_port
 from tests.integration.api.conftest import start_node
@@ -124,3 +125,37 @@ def test_a_new_leader_reads_on_where_the_log_says_though_the_group_offsets_lag(
         if isinstance(event, Enqueued)
     ]
     assert sorted(enqueued) == ["first", "second"]
+
+
+def test_a_poison_events_record_is_skipped_by_the_rebuild_and_the_leader_serves(
+    api_settings: Settings,
+) -> None:
+    # Only leaders may write dispatch.events; a producer that bypassed the topic's ACLs must
+    # still not keep every node from leading (the streaming fold skips the same records).
+    kafka = api_settings.kafka
+    group = api_settings.dispatcher.group
+    forged = Completed(
+        epoch=1, at=time.time(), job_id="never-submitted", worker_id="w", attempt=1, lease="1.x"
+    )
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
+    try:
+        producer.send(kafka.events_topic, key=group.encode(), value=b"{not an events batch").get(30)
+        for record in encode_batches(group, 1, [forged]):
+            producer.send(kafka.events_topic, key=group.encode(), value=record).get(30)
+    finally:
+        producer.close()
+    running, server, thread = start_node(api_settings)
+    try:
+        leader = running.node.leader()
+        assert leader.skipped_events == 1
+        assert leader.core.job("never-submitted") is None
+        with running.client("client") as client:
+            answer = client.post("/v1/jobs", json={"id": "after-poison", "exec": "a.b"})
+            assert answer.status_code == 202
+            deadline = time.monotonic() + 20
+            while client.get("/v1/jobs/after-poison").status_code != 200:
+                assert time.monotonic() < deadline, "the leader never enqueued the job"
+                time.sleep(0.1)
+    finally:
+        server.should_exit = True
+        thread.join(30)

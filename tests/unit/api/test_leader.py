@@ -13,7 +13,15 @@ import pytest
 import api.leader
 import streaming.snapshot
 from api.kafka_log import SnapshotBehindLog
-from api.leader import Leader, collector_paused, preload_rebuild_modules
+from api.leader import (
+    ACCEPT_LOG_GAP,
+    Command,
+    Leader,
+    LeaderUnavailable,
+    LogGap,
+    collector_paused,
+    preload_rebuild_modules,
+)
 from api.metrics import Metrics
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.dispatcher import Dispatcher
@@ -111,6 +119,8 @@ class Log:
         self.batches: list[tuple[list[Event], dict[int, int]]] = []
         self.consumed = 0
         self.deposed_tail = False
+        self.log_start = 0
+        """Where the log starts once retention trimmed it (`reader(trimmed=True)`)."""
 
     def add(self, events: list[Event]) -> None:
         self.batches.append((events, {0: self.consumed}))
@@ -144,9 +154,11 @@ class Log:
             def __exit__(self, *_exc: object) -> None:
                 return None
 
-            def replay(self, start: dict[int, int] | None = None) -> Iterator[EventBatch]:
-                if start is not None and trimmed:
-                    raise SnapshotBehindLog("retention removed offset 0")
+            def replay(
+                self, start: dict[int, int] | None = None, *, complete: bool = False
+            ) -> Iterator[EventBatch]:
+                if trimmed and (start is None or start.get(0, 0) < log.log_start):
+                    raise SnapshotBehindLog("events", 0, (start or {}).get(0, 0), log.log_start)
                 first = 0 if start is None else start.get(0, 0)
                 for events, position in log.batches[first:]:
                     yield EventBatch(group, log.core.epoch, events, position)
@@ -193,6 +205,7 @@ def rebuilt(
     trimmed: bool,
     snapshot_at_end: bool = False,
     deposed_tail: bool = False,
+    log_start: int = 0,
 ) -> tuple[Leader, Log, Snapshot]:
     """A leader rebuilt from `busy_log`'s snapshot (or one of the whole log, leaving no tail,
     if `snapshot_at_end`) and log (its head removed by retention if `trimmed`, a deposed
@@ -200,6 +213,7 @@ def rebuilt(
     settings = load_settings()
     log, snapshot = busy_log(settings)
     log.deposed_tail = deposed_tail
+    log.log_start = log_start
     if snapshot_at_end:
         snapshot = log.snapshot()
     monkeypatch.setattr(streaming.snapshot, "latest_snapshot", lambda warehouse, group: snapshot)
@@ -222,15 +236,38 @@ def test_a_rebuild_takes_the_snapshots_records_and_replays_the_tail(
     assert all(leader.core.job_view(job.id) is job for job in snapshot.jobs)
 
 
-def test_a_snapshot_behind_the_logs_retention_means_a_full_replay(
+def test_a_snapshot_behind_the_logs_retention_is_refused_naming_the_gap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    leader, log, snapshot = rebuilt(monkeypatch, trimmed=True)
-    assert jobs_of(leader.core) == jobs_of(log.core)
-    assert leader.replayed_batches == len(log.batches)
-    assert leader.rebuilt_from == "full log (the snapshot is behind the log's retention)"
+    # The snapshot covers offsets < 3; retention removed everything before offset 4.
+    with pytest.raises(LogGap) as refused:
+        rebuilt(monkeypatch, trimmed=True, log_start=4)
+    gap = refused.value.gap
+    assert (gap.topic, gap.partition, gap.snapshot_offset, gap.log_start) == ("events", 0, 3, 4)
+    assert "events[0] starts at 4, after the snapshot's offset 3" in str(refused.value)
+    assert ACCEPT_LOG_GAP in str(refused.value)
+
+
+def test_a_trimmed_log_with_no_snapshot_is_refused_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = load_settings()
+    log, _ = busy_log(settings)
+    log.log_start = 2
+    monkeypatch.setattr(streaming.snapshot, "latest_snapshot", lambda warehouse, group: None)
+    monkeypatch.setattr(api.leader, "EventsReader", log.reader(trimmed=True))
+    with pytest.raises(LogGap, match="starts at 2, after the snapshot's offset 0"):
+        new_leader(settings)._rebuild("c1")
+
+
+def test_an_operator_may_accept_the_gap_and_the_log_after_it_is_replayed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(api.leader, "accepts_log_gap", lambda settings: True)
+    leader, _, _ = rebuilt(monkeypatch, trimmed=True, log_start=4)
+    # The snapshot's jobs and j4 (offset 4, after the gap); the ack at offset 3 is lost.
+    assert sorted(jobs_of(leader.core)) == ["j1", "j2", "j3", "j4"]
+    assert leader.replayed_batches == 1
+    assert "a gap" in leader.rebuilt_from
     assert leader.submit_position == {0: 4}
-    assert all(leader.core.job_view(job.id) is not job for job in snapshot.jobs)
 
 
 def test_with_no_tail_after_the_snapshot_the_position_is_the_last_one_before_it(
@@ -247,3 +284,126 @@ def test_a_deposed_leaders_batch_moves_no_position(monkeypatch: pytest.MonkeyPat
     assert leader.replayed_batches == 3  # read, and voided by the epoch fence
     assert jobs_of(leader.core) == jobs_of(log.core)
     assert leader.submit_position == {0: 4}
+
+
+# --- the loop: requests that went away, and how long it may stall ------------------------------
+
+
+class Reader:
+    """A `SubmitReader` with nothing to read; `answers` is what a broker probe finds."""
+
+    topic = "submit"
+
+    def __init__(self) -> None:
+        self.position: dict[int, int] = {0: 0}
+        self.answers = True
+
+    def poll(self, timeout_ms: int) -> list[Any]:
+        return []
+
+    def take_moved(self) -> bool:
+        return False
+
+    def broker_answers(self) -> bool:
+        return self.answers
+
+    def close(self) -> None:
+        pass
+
+
+class EventLogStandIn:
+    def __init__(self) -> None:
+        self.commits: list[list[bytes]] = []
+
+    def commit(self, records: Sequence[bytes], rejections: Sequence[bytes], offsets: Any) -> None:
+        self.commits.append(list(records))
+
+    def close(self) -> None:
+        pass
+
+
+def serving_leader() -> tuple[Leader, Reader]:
+    """A leader whose loop can be stepped by hand (`_iterate`), in epoch 1."""
+    leader = new_leader(load_settings())
+    reader = Reader()
+    leader._reader = reader  # type: ignore[assignment]
+    leader._log = EventLogStandIn()  # type: ignore[assignment]
+    leader.core.begin_epoch(1, T0, holder="n1")
+    return leader, reader
+
+
+def joining(worker_id: str) -> Command:
+    return Command(
+        lambda core, now: core.join(worker_id, ["job.assign.>"], now),
+        lambda core, events: len(events),
+    )
+
+
+def test_a_request_that_went_away_before_the_loop_took_it_is_dropped() -> None:
+    leader, _ = serving_leader()
+    gone = joining("w-gone")
+    gone.future.cancel()
+    leader.submit(gone)
+    leader._iterate()
+    assert gone.future.cancelled()
+    assert "w-gone" not in {worker.worker_id for worker in leader.core.workers()}
+
+
+def test_a_request_that_goes_away_during_its_iteration_does_not_end_the_term() -> None:
+    leader, _ = serving_leader()
+    cancelled: list[bool] = []
+
+    def decide_then_go_away(core: Dispatcher, now: float) -> list[Event]:
+        # What asyncio's wrap_future does when the awaiting request is cancelled (a worker's
+        # socket closed): it cancels the concurrent future, here mid-iteration.
+        cancelled.append(going.future.cancel())
+        return core.join("w1", ["job.assign.>"], now)
+
+    going = Command(decide_then_go_away, lambda core, events: "answered")
+    leader.submit(going)
+    leader._iterate()  # InvalidStateError here ended the term
+    assert cancelled == [False], "a future the loop took can no longer be cancelled"
+    later = joining("w2")
+    leader.submit(later)
+    leader._iterate()
+    assert later.future.result(timeout=0) == 1
+    assert going.future.result(timeout=0) == "answered"
+
+
+def test_commands_taken_by_an_iteration_that_fails_are_answered() -> None:
+    leader, reader = serving_leader()
+
+    def broken_poll(timeout_ms: int) -> list[Any]:
+        raise RuntimeError("the broker went away")
+
+    reader.poll = broken_poll  # type: ignore[method-assign]
+    waiting = joining("w1")
+    leader.submit(waiting)
+    with pytest.raises(RuntimeError):
+        leader._iterate()
+    with pytest.raises(LeaderUnavailable, match="the broker went away"):
+        waiting.future.result(timeout=0)
+
+
+def test_a_loop_that_stalls_or_whose_broker_is_silent_is_not_working(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    leader, reader = serving_leader()
+    bound = leader.stall_bound_s
+    assert bound >= 2 * leader.settings.lease.ttl_s
+    leader._iterate()
+    assert leader.not_working() is None
+    leader.last_iteration -= bound + 1
+    assert "completed no iteration" in (leader.not_working() or "")
+    leader._iterate()
+    assert leader.not_working() is None
+    # An idle loop probes the broker about once a second.
+    reader.answers = False
+    leader.broker_answered -= bound + 1
+    leader._next_probe = 0.0
+    leader._iterate()
+    assert "has not answered" in (leader.not_working() or "")
+    reader.answers = True
+    leader._next_probe = 0.0
+    leader._iterate()
+    assert leader.not_working() is None

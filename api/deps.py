@@ -27,6 +27,11 @@ def bearer_principal(keyring: KeyRing, authorization: str | None) -> Principal:
     return principal
 
 
+def owner_of(principal: Principal) -> str | None:
+    """Whose worker ids a key may use and settle for: its own name's; an admin's, any (None)."""
+    return None if principal.role is Role.ADMIN else principal.name
+
+
 def get_principal(request: Request) -> Principal:
     keyring: KeyRing = request.app.state.keyring
     return bearer_principal(keyring, request.headers.get("authorization"))

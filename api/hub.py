@@ -3,6 +3,13 @@
 The leader loop calls `committed` on its own thread; everything that wakes a request happens
 on the asyncio loop (`call_soon_threadsafe`), so request handlers never share state with the
 dispatcher thread except through this hub's lock-guarded counters.
+
+Terms: when a leadership term ends (`stopped`), everything of that term ends with it: the
+outboxes and undelivered counts are emptied (the next term rebuilt its own view from the log),
+long-polls wake up, and `term_ended()` fires, which closes every WebSocket session opened under
+that term (`api.routes.stream`). Worker sessions: one open socket at most serves a worker id
+(`claim_worker`); only that session takes the worker's assignments and may lose the worker
+when it closes.
 """
 
 from __future__ import annotations
@@ -56,6 +63,16 @@ class Outbox:
         return taken
 
 
+class WorkerSession:
+    """One open WebSocket serving a worker id (see `Hub.claim_worker`)."""
+
+    def __init__(self, worker_id: str, owner: str | None) -> None:
+        self.worker_id = worker_id
+        self.owner = owner
+        self.replaced = asyncio.Event()
+        """Set when a newer socket of the same worker took over: this one must close."""
+
+
 class Hub:
     def __init__(self, loop: asyncio.AbstractEventLoop, metrics: Metrics) -> None:
         self._loop = loop
@@ -67,6 +84,9 @@ class Hub:
         self._client_streams: defaultdict[str, set[asyncio.Queue[dict[str, Any]]]] = defaultdict(
             set
         )
+        self._term_ended = asyncio.Event()
+        self.terms_ended = 0
+        self._worker_sessions: dict[str, WorkerSession] = {}
 
     # --- loop thread ------------------------------------------------------------------------
 
@@ -101,8 +121,20 @@ class Hub:
         self._loop.call_soon_threadsafe(self._deliver, assignments, finished, lost)
 
     def stopped(self, error: BaseException | None) -> None:
-        # Waiters re-read on wake-up: a stopped leader makes them answer 503 or redirect.
-        self._loop.call_soon_threadsafe(self._wake_everyone)
+        # What was committed but not delivered belongs to the ended term: the next term
+        # (here or elsewhere) sees those jobs as held and settles them with the worker.
+        with self._lock:
+            self._undelivered.clear()
+        self._loop.call_soon_threadsafe(self._end_term)
+
+    def restart_outbox(self, worker_id: str) -> None:
+        """Called in the answer of a worker's (re)join, right after its commit: what was
+        committed to the worker before is void (the join requeued what the worker does not
+        hold), and is dropped before this commit's own assignments arrive (both go through
+        `call_soon_threadsafe`, in order)."""
+        with self._lock:
+            self._undelivered[worker_id] = 0
+        self._loop.call_soon_threadsafe(self._clear_outbox, worker_id)
 
     # --- asyncio loop -----------------------------------------------------------------------
 
@@ -128,8 +160,18 @@ class Hub:
             for stream in self._client_streams.get(job["client_id"], ()):
                 stream.put_nowait({"type": "result", **job})
 
-    def _wake_everyone(self) -> None:
+    def _clear_outbox(self, worker_id: str) -> None:
+        outbox = self.outboxes.get(worker_id)
+        if outbox is not None:
+            outbox.items.clear()
+
+    def _end_term(self) -> None:
+        # Waiters re-read on wake-up: a stopped leader makes them answer 503 or redirect.
+        self.terms_ended += 1
+        ended, self._term_ended = self._term_ended, asyncio.Event()
+        ended.set()
         for outbox in self.outboxes.values():
+            outbox.items.clear()
             outbox.changed.set()
         for waiters in self._job_waiters.values():
             for waiter in waiters:
@@ -137,13 +179,48 @@ class Hub:
                     waiter.set_result(None)
         self._job_waiters.clear()
 
+    def term_ended(self) -> asyncio.Event:
+        """Set when the current term ends (take it when the session opens)."""
+        return self._term_ended
+
+    def claim_worker(self, session: WorkerSession) -> WorkerSession | None:
+        """Make `session` the one serving its worker id; the one it replaced, if any."""
+        previous = self._worker_sessions.get(session.worker_id)
+        self._worker_sessions[session.worker_id] = session
+        return previous
+
+    def unclaim_worker(self, session: WorkerSession, previous: WorkerSession | None) -> None:
+        """Undo `claim_worker` (the leader refused the join): `previous` serves again."""
+        if self._worker_sessions.get(session.worker_id) is session:
+            if previous is None:
+                del self._worker_sessions[session.worker_id]
+            else:
+                self._worker_sessions[session.worker_id] = previous
+
+    def release_worker(self, session: WorkerSession) -> bool:
+        """The session closed: True if it still served its worker (then it may lose it)."""
+        if self._worker_sessions.get(session.worker_id) is session:
+            del self._worker_sessions[session.worker_id]
+            return True
+        return False
+
+    def worker_session(self, worker_id: str) -> WorkerSession | None:
+        """The open socket serving `worker_id`, if any."""
+        return self._worker_sessions.get(worker_id)
+
     def outbox(self, worker_id: str) -> Outbox:
         outbox = self.outboxes.get(worker_id)
         if outbox is None:
             outbox = self.outboxes[worker_id] = Outbox()
         return outbox
 
-    def take(self, worker_id: str, limit: int | None = None) -> list[dict[str, Any]]:
+    def take(
+        self, worker_id: str, limit: int | None = None, *, session: WorkerSession | None = None
+    ) -> list[dict[str, Any]]:
+        """Take committed assignments; with `session`, only while it serves the worker (a
+        replaced socket must not carry off what is meant for its successor)."""
+        if session is not None and self._worker_sessions.get(worker_id) is not session:
+            return []
         taken = self.outbox(worker_id).take(limit)
         if taken:
             with self._lock:

@@ -363,6 +363,9 @@ class _Runtime:
         job = self._jobs[key] = _RunningJob(assignment, route.handler)
         self._spawn(self._execute(job))
 
+    def held(self) -> list[Assignment]:
+        return [job.assignment for job in self._jobs.values()]
+
     def refused(self, job_id: str, code: str) -> None:
         for (running_id, _), job in self._jobs.items():
             if running_id == job_id and job.heartbeats is not None:

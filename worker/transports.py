@@ -7,11 +7,12 @@ worker alive in the leader's eyes, settle attempts, send job heartbeats, and com
 the node goes away (the node list and the leader a follower names come from `AsyncClient`).
 
 Liveness: the leader forgets a worker it has not heard from for `dispatcher.worker_expiry_s`
-(15 s by default), and that includes a WebSocket worker whose socket is open but idle: the
-stream protocol has no "still here" message that does not also add credit. So both
-transports send a REST poll when they have been silent for `keepalive_s`: it counts as the
-worker's heartbeat, rejoins a worker that was forgotten, and *replaces* the leader's credit
-for it with the free slots (which also corrects any credit lost on the way).
+(15 s by default). A REST worker polls at least every `keepalive_s`: the poll counts as its
+heartbeat, rejoins a worker that was forgotten, and *replaces* the leader's credit for it with
+the free slots. A WebSocket worker is kept known by its open socket (the node heartbeats for
+it), and never polls over REST (the node refuses a poll for a worker served by a socket): its
+credit is set by each hello and added to on the socket (see `WebSocketTransport`). Only a
+message from the server counts as "heard": writes to a socket whose node stalled go nowhere.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ class Runtime(Protocol):
 
     def refused(self, job_id: str, code: str) -> None:
         """The leader refused a heartbeat or settlement of `job_id`: it is no longer ours."""
+        ...
+
+    def held(self) -> list[Assignment]:
+        """The attempts running now."""
         ...
 
 
@@ -137,7 +142,16 @@ class WebSocketTransport:
     """Assignments pushed over `WS /v1/stream`; credits, acks, failures and heartbeats
     sent on it. Acks and failures are kept until the leader confirms them (`settled`) and
     sent again on the next connection, which is safe: a settlement is keyed by attempt and
-    lease, and a repeat answers the first outcome."""
+    lease, and a repeat answers the first outcome.
+
+    Credit stays exact across connections: each hello says what the worker holds (running
+    attempts and unconfirmed settlements) and its free slots, and the leader requeues what
+    it has on the worker beyond that and sets its credit to those slots; on the socket, each
+    freed slot adds one. Slots freed while no socket is open are granted once the next one
+    is. The socket keeps the worker known (the node heartbeats for it); the worker pings
+    when it has heard nothing for `keepalive_s` and reconnects when a ping goes unanswered,
+    so a stalled or deposed node does not keep it. A close naming the leader (1013 after a
+    term ended) moves it there, if that is one of the configured nodes."""
 
     def __init__(self, client: AsyncClient, runtime: Runtime, backoff: Backoff) -> None:
         self.client = client
@@ -150,23 +164,33 @@ class WebSocketTransport:
         self._drained.set()
         self._closing = False
         self._leader_hint: str | None = None
-        self._replace_lock = asyncio.Lock()
-        self._replacing = False  # a credit-replacing poll is on its way
-        self._owed = 0  # slots freed meanwhile, granted once they are back
-        self._credit_set = False  # whether the leader was told this socket's credit
+        self._freed_unsent = 0  # slots freed after the hello's count, granted once open
         self._background: set[asyncio.Task[None]] = set()
+
+    def hello(self) -> dict[str, Any]:
+        runtime = self.runtime
+        held = [
+            {"id": job.id, "attempt": job.attempt, "lease": job.lease} for job in runtime.held()
+        ]
+        held += [
+            {"id": m["id"], "attempt": m["attempt"], "lease": m["lease"]}
+            for m in self._unconfirmed.values()
+        ]
+        return {
+            "type": "hello",
+            "role": "worker",
+            "worker_id": runtime.worker_id,
+            "subjects": runtime.subjects,
+            "credits": runtime.free_slots,
+            "held": held,
+        }
 
     async def run(self) -> None:
         failures = 0
-        hello = {
-            "type": "hello",
-            "role": "worker",
-            "worker_id": self.runtime.worker_id,
-            "subjects": self.runtime.subjects,
-        }
         while not self._closing:
+            self._freed_unsent = 0
             try:
-                socket, welcome = await self.client.open_stream(hello)
+                socket, welcome = await self.client.open_stream(self.hello())
             except Unavailable as error:
                 delay = self.backoff.delay(failures)
                 failures += 1
@@ -181,14 +205,15 @@ class WebSocketTransport:
     async def _serve(self, socket: ClientConnection) -> None:
         self._socket = socket
         self.alive.heard()
-        keeper = asyncio.create_task(self._keep_alive())
+        keeper = asyncio.create_task(self._keep_alive(socket))
         try:
-            # Set, not add: a leader that already knew this worker (it took over from
-            # another, or the socket dropped for a moment) may still count old credit.
-            await self._replace_credit()
+            owed, self._freed_unsent = self._freed_unsent, 0
+            if owed > 0 and not self.runtime.stopping:
+                await self._send({"type": "credit", "credits": owed})
             for message in list(self._unconfirmed.values()):
                 await self._send(message)
             async for raw in socket:
+                self.alive.heard()  # only what the server says counts as heard
                 self._on_message(json.loads(raw))
         except ConnectionClosed as closed:
             log.info("worker %s: connection closed (%s)", self.runtime.worker_id, closed)
@@ -197,19 +222,19 @@ class WebSocketTransport:
                       self.runtime.worker_id, error)  # fmt: skip
         finally:
             self._socket = None
-            self._credit_set = False
-            self._owed = 0
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
             await socket.close()
         if self._closing:
             return
-        # The node went away or stepped down: prefer the leader it named, else the next node.
+        # The node went away or stepped down: prefer the leader it named (one of the
+        # configured nodes), else the next node.
         hint, self._leader_hint = self._leader_hint, None
-        if hint:
-            self.client.router.redirect(hint)
+        router = self.client.router
+        if hint and hint.rstrip("/") in router.urls:
+            router.redirect(hint)
         else:
-            self.client.router.failed(self.client.router.current)
+            router.failed(router.current)
 
     def _on_message(self, message: Any) -> None:
         if not isinstance(message, dict):
@@ -234,9 +259,6 @@ class WebSocketTransport:
             if code in SETTLEMENT_REFUSALS:
                 self._confirmed(job_id)
                 self.runtime.refused(job_id, code)
-        elif code == "unknown_worker":
-            # The leader forgot this worker (silent too long): a poll joins it again.
-            self._spawn(self._rejoin())
         else:
             log.warning("worker %s: %s", self.runtime.worker_id, error_from_body(None, message))
 
@@ -253,43 +275,22 @@ class WebSocketTransport:
             await socket.send(json.dumps(message))
         except ConnectionClosed:
             return False
-        self.alive.heard()
         return True
 
-    async def _keep_alive(self) -> None:
+    async def _keep_alive(self, socket: ClientConnection) -> None:
+        """Ping after `keepalive_s` of silence from the server; give up on a server silent
+        for twice that (a stalled node), so that the worker moves on."""
         while True:
             await asyncio.sleep(max(0.05, self.alive.due_in_s))
-            if self.alive.due_in_s <= 0:
-                await self._rejoin()
-
-    async def _rejoin(self) -> None:
-        await self._replace_credit()
-
-    async def _replace_credit(self) -> None:
-        """Set the leader's credit for this worker to the free slots (a REST poll, which
-        also keeps the worker known). Slots freed while the poll is on its way are owed and
-        granted on the socket after it: granted before, the poll could overwrite them."""
-        async with self._replace_lock:
-            self._replacing = True
-            self._owed = 0  # slots freed before now are in the poll's free slots
-            replaced = False
-            try:
-                await self.alive.poll(self.runtime.free_slots)
-                replaced = True
-            except DispatchError as error:
-                log.warning("worker %s: keep-alive poll failed: %s", self.runtime.worker_id, error)
-                self.alive.heard()  # try again after a whole interval, not in a tight loop
-            finally:
-                self._replacing = False
-            told_before, self._credit_set = self._credit_set, True
-            owed, self._owed = self._owed, 0
-            if self.runtime.stopping:
+            silent_s = self.runtime.keepalive_s - self.alive.due_in_s
+            if silent_s >= 2 * self.runtime.keepalive_s:
+                log.warning("worker %s: the node has been silent for %.1f s; reconnecting",
+                            self.runtime.worker_id, silent_s)  # fmt: skip
+                await socket.close()
                 return
-            if not replaced and not told_before:
-                # This socket's credit was never set: grant every free slot on it instead.
-                owed = self.runtime.free_slots
-            if owed > 0:
-                await self._send({"type": "credit", "credits": owed})
+            if self.alive.due_in_s <= 0:
+                await self._send({"type": "ping"})
+                await asyncio.sleep(self.runtime.keepalive_s / 2)
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.create_task(work)
@@ -297,11 +298,8 @@ class WebSocketTransport:
         task.add_done_callback(self._background.discard)
 
     async def stop_taking(self) -> None:
-        # Credit over the socket can only be added; a REST poll replaces it with zero.
-        try:
-            await self.alive.poll(0)
-        except DispatchError as error:
-            log.warning("worker %s: could not withdraw credit: %s", self.runtime.worker_id, error)
+        # What is on its way still comes (and is released while stopping).
+        await self._send({"type": "withdraw"})
 
     async def settle(self, held: Assignment, outcome: Outcome) -> None:
         message = _settlement(held, outcome)
@@ -318,10 +316,10 @@ class WebSocketTransport:
     async def slot_freed(self) -> None:
         if self.runtime.stopping:
             return
-        if self._replacing:
-            self._owed += 1
-            return
-        await self._send({"type": "credit", "credits": 1})
+        if not await self._send({"type": "credit", "credits": 1}):
+            # No socket: the next hello counts this slot if it is built after now; if it
+            # is already on its way, the slot is granted once that socket is open.
+            self._freed_unsent += 1
 
     async def close(self, drain_s: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from tests.integration.api.conftest import RunningNode, poll_until
+from tests.integration.api.conftest import RunningNode, poll_until, start_node
 
 pytestmark = pytest.mark.integration
 
@@ -117,6 +119,17 @@ def test_a_bad_hello_or_a_wrong_role_closes_the_socket_with_a_reason(api_node: R
         assert _receive(socket, "error")["error"] == "forbidden"
 
 
+def test_a_frame_nested_too_deep_for_json_is_refused_with_a_reason(api_node: RunningNode) -> None:
+    # json.loads recurses per level: ~5,000 levels raised RecursionError, a traceback and 1006.
+    with _socket(api_node, "worker") as socket:
+        socket.send("[" * 5_000 + "]" * 5_000)
+        refusal = _receive(socket, "error")
+        assert refusal["error"] == "invalid" and "nested deeper" in refusal["detail"]
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=5)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
 def test_an_idle_socket_worker_stays_known_past_the_expiry(api_node: RunningNode) -> None:
     expiry = api_node.settings.dispatcher.worker_expiry_s
     with _socket(api_node, "worker") as worker, api_node.client("admin") as admin:
@@ -167,3 +180,148 @@ def test_a_socket_worker_cannot_settle_another_workers_job_with_batched_acks(
         assert _receive(holder, "settled_many")["results"] == [
             {"id": "held", "status": "succeeded"}
         ]
+
+
+def test_a_term_that_ends_closes_its_sockets_with_1013_naming_the_leader(
+    api_node: RunningNode,
+) -> None:
+    with _socket(api_node, "worker") as worker, _socket(api_node, "client") as results:
+        _hello(worker, "termed", credits=1)
+        results.send(json.dumps({"type": "hello", "role": "client"}))
+        _receive(results, "welcome")
+        leader = api_node.node._leader
+        assert leader is not None
+        leader.stop()  # the term ends; the node, still holding the lease, starts another
+        for socket in (worker, results):
+            error = _receive(socket, "error")
+            assert error["error"] in ("not_leader", "unavailable")
+            assert error["leader"] == api_node.url  # this node leads again
+            with pytest.raises(ConnectionClosed) as closed:
+                socket.recv(timeout=5)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+
+
+def _keys_with_another_worker(settings: Any) -> str:
+    """Add a second worker key (another owner) to the node's keys file; the plain key."""
+    from api.auth import ensure_dev_keys, hash_key
+
+    ensure_dev_keys(settings.auth)
+    document = json.loads(settings.auth.keys_file.read_text())
+    key = "other-worker-key-0123456789"
+    entry = {
+        "name": "other-worker",
+        "role": "worker",
+        "client_id": "other",
+        "sha256": hash_key(key),
+    }
+    document["keys"].append(entry)
+    settings.auth.keys_file.write_text(json.dumps(document))
+    return key
+
+
+@pytest.fixture
+def two_worker_keys(api_settings: Any) -> Iterator[tuple[RunningNode, str]]:
+    other = _keys_with_another_worker(api_settings)
+    running, server, thread = start_node(api_settings)
+    try:
+        yield running, other
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_a_worker_id_belongs_to_its_key(two_worker_keys: tuple[RunningNode, str]) -> None:
+    node, other_key = two_worker_keys
+    url = node.url.replace("http://", "ws://") + "/v1/stream"
+    with node.client("admin") as admin, _socket(node, "worker") as real:
+        _hello(real, "owned", credits=1)
+        other = httpx.Client(
+            base_url=node.url, headers={"Authorization": f"Bearer {other_key}"}, timeout=30
+        )
+        with other:
+            # A REST poll with another key: 403; with the real key while the socket is
+            # open: 409 (it would replace the socket's credit and subjects).
+            stolen = other.post(
+                "/v1/workers/owned/poll", json={"subjects": ["job.>"], "credits": 1, "wait_s": 0}
+            )
+            assert stolen.status_code == 403, stolen.text
+            with node.client("worker") as same_key:
+                busy = same_key.post(
+                    "/v1/workers/owned/poll",
+                    json={"subjects": ["x.>"], "credits": 5, "wait_s": 0},
+                )
+                assert busy.status_code == 409, busy.text
+        # An impostor socket with another key: refused, and the real worker stays known.
+        headers = {"Authorization": f"Bearer {other_key}"}
+        with connect(url, additional_headers=headers, proxy=None) as impostor:
+            impostor.send(
+                json.dumps(
+                    {"type": "hello", "role": "worker", "worker_id": "owned", "subjects": ["x.>"]}
+                )
+            )
+            assert _receive(impostor, "error")["error"] == "forbidden"
+            with pytest.raises(ConnectionClosed) as closed:
+                impostor.recv(timeout=5)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        [known] = [
+            w for w in admin.get("/v1/workers").json()["workers"] if w["worker_id"] == "owned"
+        ]
+        assert known["subjects"] == ["job.>"]
+        admin.post("/v1/jobs", json={"id": "mine", "exec": "a.b"})
+        assignment = _receive(real, "assign")
+        assert assignment["id"] == "mine"
+        # The other key cannot settle it with the lease either.
+        with httpx.Client(base_url=node.url, headers=headers, timeout=30) as other:
+            forged = other.post(
+                "/v1/jobs/mine/ack", json={"attempt": 1, "lease": assignment["lease"]}
+            )
+            assert forged.status_code == 409, forged.text
+
+
+def test_results_go_to_client_keys_only(api_node: RunningNode) -> None:
+    with _socket(api_node, "worker") as socket:
+        socket.send(json.dumps({"type": "hello", "role": "client"}))
+        assert _receive(socket, "error")["error"] == "forbidden"
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=5)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    # A key in the query string is not read (it would be written to access logs).
+    url = api_node.url.replace("http://", "ws://") + f"/v1/stream?key={api_node.keys['client']}"
+    with connect(url, proxy=None) as socket:
+        socket.send(json.dumps({"type": "hello", "role": "client"}))
+        assert _receive(socket, "error")["error"] == "unauthorized"
+    # A browser puts it in the hello.
+    with connect(url.partition("?")[0], proxy=None) as socket:
+        hello = {"type": "hello", "role": "client", "key": api_node.keys["client"]}
+        socket.send(json.dumps(hello))
+        assert _receive(socket, "welcome")["type"] == "welcome"
+
+
+def test_a_new_socket_of_the_same_worker_requeues_what_it_does_not_hold(
+    api_node: RunningNode,
+) -> None:
+    with api_node.client("admin") as admin, _socket(api_node, "worker") as first:
+        _hello(first, "again", credits=2)
+        admin.post("/v1/jobs", json={"id": "kept", "exec": "a.b"})
+        admin.post("/v1/jobs", json={"id": "lost", "exec": "a.b"})
+        assigned = {a["id"]: a for a in (_receive(first, "assign") for _ in range(2))}
+        kept = assigned["kept"]
+        with _socket(api_node, "worker") as second:
+            hello = {
+                "type": "hello", "role": "worker", "worker_id": "again", "subjects": ["job.>"],
+                "credits": 0,
+                "held": [{"id": "kept", "attempt": kept["attempt"], "lease": kept["lease"]}],
+            }  # fmt: skip
+            second.send(json.dumps(hello))
+            _receive(second, "welcome")
+            # The first socket is replaced (closed without losing the worker).
+            assert _receive(first, "error")["error"] == "replaced"
+            lost = admin.get("/v1/jobs/lost").json()
+            assert (lost["status"], lost["attempts"]) == ("queued", 1)
+            [worker] = [
+                w for w in admin.get("/v1/workers").json()["workers"] if w["worker_id"] == "again"
+            ]
+            assert (worker["running"], worker["credit"]) == (["kept"], 0)
+            ack = {"type": "ack", "id": "kept", "attempt": 1, "lease": kept["lease"]}
+            second.send(json.dumps(ack))
+            assert _receive(second, "settled")["status"] == "succeeded"

@@ -206,3 +206,19 @@ def test_misconfigured_apps_fail_at_start(api_node: RunningNode) -> None:
     # A key without the worker role is refused by the node at hello: a fatal error.
     with pytest.raises(Exception, match="forbidden"):
         app.run(handle_signals=False, urls=api_node.url, api_key=api_node.keys["client"])
+
+
+def test_a_socket_worker_moves_on_when_the_term_ends(api_node: RunningNode) -> None:
+    app = _app(concurrency=1)
+    with _admin(api_node) as admin, running_worker(app, api_node, transport="ws"):
+        admin.submit("sdk.echo", 1, id="first")
+        assert admin.wait("first", timeout_s=10).status == "succeeded"
+        leader = api_node.node._leader
+        assert leader is not None
+        leader.stop()  # its sockets close with 1013; the node leads again in a new term
+        wait_until(lambda: api_node.node._leader not in (None, leader), what="a new term")
+        admin.submit("sdk.echo", 2, id="second")
+        # If the new term assigned it before the worker was back, the worker's hello
+        # requeued that undelivered attempt: it succeeds on attempt 2.
+        second = admin.wait("second", timeout_s=30)
+        assert second.status == "succeeded" and second.attempts <= 2

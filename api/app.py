@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi.dependencies.models import Dependant
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+from starlette.routing import BaseRoute
 
 from api import errors
 from api.auth import KeyRing
+from api.deps import get_node, get_principal
 from api.node import Node
 from api.routes import admin, jobs, stream, ui, workers
+from api.schemas import ErrorBody, NotLeaderBody, ValidationErrorBody
 from dispatch.settings import Settings
 
 
@@ -33,7 +41,8 @@ def create_app(settings: Settings, node: Node, keyring: KeyRing) -> FastAPI:
     app.state.node = node
     app.state.keyring = keyring
     errors.install(app)
-    for router in (jobs.router, workers.router, admin.router, stream.router, ui.router):
+    routers = (jobs.router, workers.router, admin.router, stream.router, ui.router)
+    for router in routers:
         app.include_router(router)
 
     @app.get("/healthz", tags=["health"])
@@ -41,13 +50,20 @@ def create_app(settings: Settings, node: Node, keyring: KeyRing) -> FastAPI:
         """The process answers."""
         return {"status": "ok", "node": node.node_id}
 
-    @app.get("/readyz", tags=["health"])
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        responses={503: {"description": "Not ready (the same body, with `ready` false)"}},
+    )
     async def readyz() -> JSONResponse:
-        """200 only on a leader whose rebuild is complete."""
-        ready = node.ready
+        """200 only on a leader whose rebuild is complete and whose loop is working (it
+        completed an iteration and heard from Kafka within a bound); `reason` says why not."""
+        reason = node.not_ready_reason()
+        ready = reason is None
         lease = node.election.lease
         body = {
             "ready": ready,
+            "reason": reason,
             "node": node.address,
             "role": "leader" if lease is not None else "follower",
             "leader": node.election.leader_address,
@@ -56,10 +72,117 @@ def create_app(settings: Settings, node: Node, keyring: KeyRing) -> FastAPI:
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    @app.get("/metrics", tags=["health"])
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        # Prometheus text, documented as what it is (not FastAPI's default JSON).
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     async def metrics() -> Response:
         return Response(await node.render_metrics(), media_type="text/plain; version=0.0.4")
 
     # Outermost, so an oversized body is refused before anything reads it.
     app.add_middleware(errors.PayloadLimit, limit=settings.api.max_payload_bytes)
+    _document_errors(app, [route for router in routers for route in router.routes])
     return app
+
+
+_Answers = dict[int, tuple[str, type[BaseModel]]]
+
+_ANY_ROUTE: _Answers = {
+    307: ("A follower: the same request goes to the leader (`Location`)", NotLeaderBody),
+    503: ("No leader right now (a failover under way): retry after `Retry-After`", ErrorBody),
+}
+_WITH_KEY: _Answers = {401: ("Missing or unknown API key", ErrorBody)}
+_WITH_ROLE: _Answers = {403: ("The key's role may not do this", ErrorBody)}
+_WITH_BODY: _Answers = {
+    400: ("The body could not be read as JSON", ErrorBody),
+    413: ("The body is over the size limit", ErrorBody),
+}
+_NAMED: _Answers = {404: ("Nothing by that name", ErrorBody)}
+_COMMAND: _Answers = {
+    **_NAMED,
+    409: ("The state refuses the command (a settled job, a stale lease, ...)", ErrorBody),
+}
+_INVALID = "Refused input: `detail` (and `fields`) name each refused field"
+
+
+def _document_errors(app: FastAPI, routes: list[BaseRoute]) -> None:
+    """Make the OpenAPI document say what the server answers: every error is `api.errors`'s
+    JSON body (FastAPI documents its own 422 array instead), with the statuses each route
+    can answer (a key, a role, a leader, a body). Routes may name more with `responses=`."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            _describe(generate(), routes)
+        return app.openapi_schema or {}
+
+    # Replacing the method is FastAPI's documented way to extend the document.
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _describe(document: dict[str, Any], routes: list[BaseRoute]) -> None:
+    components = document.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    for model in (ErrorBody, ValidationErrorBody, NotLeaderBody):
+        schemas.setdefault(model.__name__, _schema_of(model))
+    for route in routes:
+        if not isinstance(route, APIRoute) or not route.include_in_schema:
+            continue
+        calls = set(_calls(route.dependant))
+        for method in route.methods or ():
+            operation = document["paths"].get(route.path_format, {}).get(method.lower())
+            if operation is None:
+                continue
+            answers = operation.setdefault("responses", {})
+            extra: _Answers = {}
+            if get_node in calls:
+                extra |= _ANY_ROUTE
+            if get_principal in calls:
+                extra |= _WITH_KEY
+                operation["security"] = [{"bearer": []}]
+            if any(getattr(call, "__qualname__", "").startswith("require.") for call in calls):
+                extra |= _WITH_ROLE
+            if "requestBody" in operation:
+                extra |= _WITH_BODY
+            if "{" in route.path_format:
+                # A command on a named job or worker: what the core refuses (`Rejected`).
+                command = get_node in calls and method in ("POST", "DELETE")
+                extra |= _COMMAND if command else _NAMED
+            for status, (description, body) in extra.items():
+                answers.setdefault(str(status), _answer(description, body))
+            if "422" in answers:
+                # FastAPI's own says "Validation Error" with its array schema; a route's own
+                # description stays.
+                description = answers["422"].get("description", "Validation Error")
+                if description == "Validation Error":
+                    description = _INVALID
+                answers["422"] = _answer(description, ValidationErrorBody)
+    components.setdefault("securitySchemes", {})["bearer"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "An API key: `Authorization: Bearer <key>`",
+    }
+    # FastAPI's own 422 schemas, now unused (the second is used by the first only).
+    for name in ("HTTPValidationError", "ValidationError"):
+        if f'"#/components/schemas/{name}"' not in json.dumps([document["paths"], schemas]):
+            schemas.pop(name, None)
+
+
+def _answer(description: str, model: type[BaseModel]) -> dict[str, Any]:
+    reference = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"description": description, "content": {"application/json": {"schema": reference}}}
+
+
+def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema(ref_template="#/components/schemas/{model}")
+
+
+def _calls(dependant: Dependant) -> Iterator[Callable[..., Any]]:
+    """Every dependency a route runs, however deep."""
+    for sub in dependant.dependencies:
+        if sub.call is not None:
+            yield sub.call
+        yield from _calls(sub)

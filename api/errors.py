@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -34,6 +35,26 @@ class ApiError(Exception):
         self.error = error or _CODES.get(status, "error")
 
 
+_URL_SAFE = "/%:@!$&'()*+,;=-._~?"
+"""What may stay as it is in a URL's path or query: RFC 3986's unreserved and reserved
+characters, and `%` (what the client already percent-encoded stays encoded)."""
+
+
+def target_of(request: Request) -> str:
+    """The request's path and query as the client sent them, percent-encoded: always ASCII,
+    never a CR or LF. Built from the raw bytes, not the decoded path, which may hold any
+    character (`é` cannot be sent in a header; a decoded `%0d%0a` would end it)."""
+    scope = request.scope
+    raw_path = scope.get("raw_path")
+    if not isinstance(raw_path, bytes):
+        raw_path = scope["path"].encode("utf-8")
+    target = quote(raw_path, safe=_URL_SAFE)
+    query = scope.get("query_string") or b""
+    if query:
+        target += "?" + quote(query, safe=_URL_SAFE)
+    return target
+
+
 def _field(location: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in location)
 
@@ -51,11 +72,8 @@ def install(app: FastAPI) -> None:
     async def _unavailable(request: Request, error: LeaderUnavailable) -> JSONResponse:
         if error.leader is not None:
             # A follower: the same request on the leader (307 keeps the method and body).
-            target = f"{error.leader}{request.url.path}"
-            if request.url.query:
-                target += f"?{request.url.query}"
             response = error_response(307, "not_leader", str(error), leader=error.leader)
-            response.headers["Location"] = target
+            response.headers["Location"] = error.leader + target_of(request)
             return response
         response = error_response(503, "unavailable", str(error))
         response.headers["Retry-After"] = "1"
@@ -74,7 +92,12 @@ def install(app: FastAPI) -> None:
 
 
 class PayloadLimit:
-    """Refuses a request body over `limit` bytes with 413, before it is parsed."""
+    """Refuses a request body over `limit` bytes with 413, before it is parsed.
+
+    A declared `content-length` over the limit is refused at once. A body without one
+    (chunked) is counted as it arrives: past the limit, reading it fails, and whatever the
+    application answers to that (FastAPI turns any error reading a body into a 400) is
+    replaced by the 413, unless it already started answering."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -89,19 +112,35 @@ class PayloadLimit:
             await self._refuse(scope, receive, send)
             return
         received = 0
+        exceeded = False
+        started = False
 
         async def counting_receive() -> Message:
-            nonlocal received
+            nonlocal received, exceeded
+            if exceeded:
+                raise _TooLarge
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
+                    exceeded = True
                     raise _TooLarge
             return message
 
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if exceeded and not started:
+                return  # the application's answer to a body it could not read
+            started = True
+            await send(message)
+
         try:
-            await self.app(scope, counting_receive, send)
-        except _TooLarge:
+            await self.app(scope, counting_receive, guarded_send)
+        except Exception:
+            # _TooLarge itself, or whatever the application made of it.
+            if not exceeded:
+                raise
+        if exceeded and not started:
             await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:

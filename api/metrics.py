@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -18,10 +20,26 @@ from dispatch.core.events import (
 )
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+MAX_EXEC_LABELS = 100
+"""Distinct `exec` label values of `dispatch_queue_depth`: the first execs seen keep their
+own series, every later one is summed under OTHER_EXEC. Each label value is a series on
+every scrape, and every exec name is the client's choice: 10,000 of them made /metrics
+1.36 MB."""
+OTHER_EXEC = "*"
+"""The label of the execs beyond MAX_EXEC_LABELS: a wildcard, never a valid exec name."""
+QUEUE_DEPTH_EVERY_S = 0.5
+"""With more than MAX_EXEC_LABELS exec queues, the queue depth gauges are refreshed at most
+this often (a refresh walks every queue, and the leader commits hundreds of times a
+second); with fewer, after every commit."""
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._depth_refreshed_at: float | None = None
+        self._queue_count = 0
+        self._exec_labels: set[str] = set()
+        """The exec names that have a series of their own (at most MAX_EXEC_LABELS)."""
         self.registry = CollectorRegistry()
         registry = self.registry
         self.queue_depth = Gauge(
@@ -81,12 +99,36 @@ class Metrics:
                 self.dead.inc()
             elif isinstance(event, Requeued):
                 self.requeued.inc()
-        running = 0
-        for stats in core.queue_stats():
-            self.queue_depth.labels(stats.exec, "ready").set(stats.ready)
-            self.queue_depth.labels(stats.exec, "delayed").set(stats.delayed)
-            running += stats.running
-        self.in_flight.set(running)
+        self.in_flight.set(core.counts()["running"])
+        now = self._clock()
+        refreshed = self._depth_refreshed_at
+        if (
+            refreshed is None
+            or self._queue_count <= MAX_EXEC_LABELS
+            or now - refreshed >= QUEUE_DEPTH_EVERY_S
+        ):
+            self._depth_refreshed_at = now
+            self.refresh_queue_depth(core)
+
+    def refresh_queue_depth(self, core: Dispatcher) -> None:
+        """Set `dispatch_queue_depth` from the core's queues, within MAX_EXEC_LABELS."""
+        ready: Tally[str] = Tally()
+        delayed: Tally[str] = Tally()
+        labels = self._exec_labels
+        queues = core.queue_stats()
+        self._queue_count = len(queues)
+        for stats in queues:
+            label = stats.exec
+            if label not in labels:
+                if len(labels) < MAX_EXEC_LABELS:
+                    labels.add(label)
+                else:
+                    label = OTHER_EXEC
+            ready[label] += stats.ready
+            delayed[label] += stats.delayed
+        for label in ready:
+            self.queue_depth.labels(label, "ready").set(ready[label])
+            self.queue_depth.labels(label, "delayed").set(delayed[label])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

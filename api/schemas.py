@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from dispatch.core._validate import ID_PATTERN, ID_RULE
+from dispatch.core.bounds import MAX_ID_LENGTH, MAX_JSON_DEPTH
+from dispatch.core.commands import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_DELAY_S,
+    MAX_EXEC_LENGTH,
+    MAX_TIMEOUT_S,
+)
+from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN
+
+_EXEC_PATTERN = r"^[^.\s*>]+(\.[^.\s*>]+)*$"
+"""An exec name as `dispatch.core.subjects` reads it: dotted tokens, no wildcard or space."""
 
 
 class _Body(BaseModel):
@@ -13,14 +27,41 @@ class _Body(BaseModel):
 
 
 class JobSubmission(_Body):
-    exec: str = Field(description="Job type, dotted tokens: `image.resize`")
-    payload: Any = Field(None, description="Opaque JSON, handed to the worker as is")
-    id: str | None = Field(None, description="Job id; a new random one when absent")
-    client_id: str | None = Field(None, description="Admins only: submit for this client")
-    max_attempts: int | None = Field(None, ge=1)
-    timeout_s: float | None = Field(None, gt=0)
-    priority: int = 0
-    delay_s: float = Field(0.0, ge=0)
+    """One job. The constraints below are documentation: `SubmitRequest` checks every field
+    (the same checks as a `dispatch.submit` record's), and a 422 names the field it refuses."""
+
+    # Strict: `"5"` or `5.0` for an integer is refused, as in a Kafka record.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    exec: str = Field(
+        description="Job type, dotted tokens: `image.resize`",
+        json_schema_extra={"minLength": 1, "maxLength": MAX_EXEC_LENGTH, "pattern": _EXEC_PATTERN},
+    )
+    payload: Any = Field(
+        None,
+        description=(
+            f"Opaque JSON, handed to the worker as is: nested at most {MAX_JSON_DEPTH} levels, "
+            "integers within signed 64 bits, no NaN or Infinity"
+        ),
+    )
+    id: str | None = Field(
+        None,
+        description=f"Job id; a new random one when absent. {ID_RULE}",
+        json_schema_extra={"minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": ID_PATTERN},
+    )
+    client_id: str | None = Field(
+        None,
+        description="Admins only: submit for this client",
+        json_schema_extra={"minLength": 1, "maxLength": MAX_ID_LENGTH},
+    )
+    max_attempts: int | None = Field(
+        None, json_schema_extra={"minimum": 1, "maximum": MAX_ATTEMPTS_LIMIT}
+    )
+    timeout_s: float | None = Field(
+        None, json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S}
+    )
+    priority: int = Field(0, json_schema_extra={"minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX})
+    delay_s: float = Field(0.0, json_schema_extra={"minimum": 0, "maximum": MAX_DELAY_S})
 
 
 class JobBatch(_Body):
@@ -152,5 +193,34 @@ class LeaderView(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    error: str
-    detail: str
+    """Every error the API answers (`api.errors`)."""
+
+    error: str = Field(description="A stable code: `invalid`, `not_found`, `conflict`, ...")
+    detail: str = Field(description="What went wrong, naming the field or the id")
+
+
+class ValidationErrorBody(ErrorBody):
+    """A 422: `detail` names each refused field (`body.payload: NaN is not JSON`)."""
+
+    fields: list[str] = Field(
+        default_factory=list,
+        description="One `location: problem` per refused field, when the request's shape was "
+        "refused (absent when the refusal is about a value as a whole)",
+    )
+
+
+class NotLeaderBody(ErrorBody):
+    """A 307 from a follower: the same request goes to `leader` (also in `Location`)."""
+
+    leader: str
+
+
+def error_responses(descriptions: Mapping[int, str]) -> dict[int | str, dict[str, Any]]:
+    """`responses=` of a route: each status with its error body and what it means there."""
+    return {
+        status: {
+            "model": ValidationErrorBody if status == 422 else ErrorBody,
+            "description": text,
+        }
+        for status, text in descriptions.items()
+    }

@@ -96,6 +96,12 @@ class ServerError(DispatchError):
     """Any other error status (a 5xx other than 503 is a server bug)."""
 
 
+class UntrustedRedirect(DispatchError):
+    """A node redirected to a leader on a host none of the configured nodes is on (or from
+    https to http). Its key is never sent there: list every node in `urls`/`DISPATCH_URL`,
+    or set `api.advertise_url` so nodes name each other as clients know them."""
+
+
 class WaitTimeout(DispatchError, TimeoutError):
     """`wait` ran out of time before the job ended; `job` is its last known state."""
 
@@ -131,6 +137,8 @@ _BY_CODE: dict[str, type[DispatchError]] = {
     "too_large": TooLarge,
     "invalid": Invalid,
     "unavailable": Unavailable,
+    # A WebSocket session whose term ended mid-session: try again (on the leader it names).
+    "not_leader": Unavailable,
 }
 
 
@@ -233,12 +241,29 @@ class Backoff:
 
 class NodeRouter:
     """Which node to call: the one that last answered, the leader a follower named, or,
-    after a failure, the next one in the list. Shared by REST calls and streams."""
+    after a failure, the next one in the list. Shared by REST calls and streams.
+
+    A redirect is followed only to a trusted node: one on the host of a configured node
+    (any port: the nodes of one machine, as `dispatch up` runs them, are found from one
+    URL), with the same scheme or http upgraded to https. Anything else raises
+    `UntrustedRedirect`: a node (or whatever answers in its place) cannot send the client,
+    and its key, to another origin."""
 
     def __init__(self, urls: Sequence[str]) -> None:
         self._urls = parse_urls(urls)
+        self._trusted_hosts = {_host_of(url) for url in self._urls}
         self._index = 0
         self._lock = threading.Lock()
+
+    def trusts(self, url: str) -> bool:
+        """True when a redirect to the base URL `url` may be followed (see the class)."""
+        parts = urlsplit(url)
+        if parts.username is not None or parts.password is not None:
+            return False
+        host = _host_of(url)
+        if host in self._trusted_hosts:
+            return True
+        return host[0] == "https" and ("http", host[1]) in self._trusted_hosts
 
     @property
     def urls(self) -> list[str]:
@@ -257,12 +282,32 @@ class NodeRouter:
                 self._index = (self._index + 1) % len(self._urls)
 
     def redirect(self, leader: str) -> None:
-        """A follower named the leader: use it from now on (added if it is new)."""
-        [url] = parse_urls([leader])
+        """A follower named the leader: use it from now on (added if it is new). Raises
+        `UntrustedRedirect` when it is not a trusted node."""
+        try:
+            [url] = parse_urls([leader])
+        except ValueError:
+            raise UntrustedRedirect(
+                f"a node named the leader {leader[:200]!r}, not a node URL",
+                error="untrusted_redirect",
+            ) from None
+        if not self.trusts(url):
+            raise UntrustedRedirect(
+                f"a node named the leader {url[:200]}, which is on none of the configured "
+                f"nodes' hosts ({', '.join(sorted(f'{s}://{h}' for s, h in self._trusted_hosts))})"
+                ": not following it with this client's key (add it to DISPATCH_URL)",
+                error="untrusted_redirect",
+            )
         with self._lock:
             if url not in self._urls:
                 self._urls.append(url)
             self._index = self._urls.index(url)
+
+
+def _host_of(url: str) -> tuple[str, str]:
+    """(scheme, host name) of a URL, lower case; the port is left out."""
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower()
 
 
 def leader_from_redirect(response: httpx.Response) -> str | None:

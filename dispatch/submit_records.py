@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from dispatch.core.bounds import MAX_JSON_DEPTH
 from dispatch.core.commands import SubmitRequest
 
 KAFKA_CLIENT_ID = "kafka"
@@ -48,11 +49,24 @@ def parse_submit_record(
         )
     try:
         # Decoded here, not by json.loads: it would guess UTF-16/32 from a byte-order mark.
-        document = json.loads(value.decode("utf-8"))
+        text = value.decode("utf-8")
     except UnicodeDecodeError as error:
         raise SubmissionError(f"value: not UTF-8 ({error.reason})") from None
+    try:
+        # NaN and Infinity parse (json's default) so that the field checks below refuse them
+        # naming the field (`payload.x: NaN is not JSON`); nothing past them ever sees one.
+        document = json.loads(text)
     except json.JSONDecodeError as error:
         raise SubmissionError(f"value: not JSON ({error.msg} at char {error.pos})") from None
+    except RecursionError:
+        # The parser recurses per level: a deep enough value must be a rejection, not a
+        # crash of the leader's loop (the record would come back after every restart).
+        raise SubmissionError(
+            f"value: nested too deep to parse (a payload may nest {MAX_JSON_DEPTH} levels)"
+        ) from None
+    except ValueError as error:
+        # An integer literal of more than 4,300 digits (sys.get_int_max_str_digits).
+        raise SubmissionError(f"value: not JSON ({error})") from None
     if not isinstance(document, dict):
         raise SubmissionError(f"value: expected a JSON object, got {type(document).__name__}")
     try:
@@ -61,7 +75,8 @@ def parse_submit_record(
         raise SubmissionError(str(error)) from None
     if key is not None and key != submission.id.encode():
         # The key picks the partition: a mismatch would break per-job ordering silently.
-        raise SubmissionError(f"key: {key!r} differs from the job id {submission.id!r}")
+        shown = key if len(key) <= 64 else key[:64] + b"..."
+        raise SubmissionError(f"key: {shown!r} differs from the job id {submission.id!r}")
     return submission
 
 

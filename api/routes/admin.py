@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from api.deps import AdminDep, AnyoneDep, NodeDep
 from api.hub import public_job
 from api.leader import LeaderUnavailable
-from api.schemas import JobList, JobView, LeaderView, QueueList, WorkerList
+from api.schemas import JobList, JobView, LeaderView, QueueList, WorkerList, error_responses
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import Event
 
@@ -33,7 +33,11 @@ async def dead_letters(
     return listing
 
 
-@router.post("/dlq/{job_id}/redrive", response_model=JobView)
+@router.post(
+    "/dlq/{job_id}/redrive",
+    response_model=JobView,
+    responses=error_responses({404: "No such job", 409: "The job is not dead"}),
+)
 async def redrive(job_id: str, node: NodeDep, _principal: AdminDep) -> dict[str, Any]:
     """Requeue a dead job with its attempts reset (409 if it is not dead)."""
     job: dict[str, Any] = await node.call(

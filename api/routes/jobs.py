@@ -15,12 +15,28 @@ from api.errors import ApiError
 from api.hub import public_job
 from api.leader import LeaderUnavailable
 from api.node import Node
-from api.schemas import Accepted, AcceptedBatch, JobBatch, JobSubmission, JobView
+from api.schemas import (
+    Accepted,
+    AcceptedBatch,
+    JobBatch,
+    JobSubmission,
+    JobView,
+    error_responses,
+)
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.job import TERMINAL_STATUSES
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
+
+_SUBMIT_ERRORS = error_responses(
+    {
+        403: "`client_id` names another client, and the key is not an admin's",
+        409: "A job id is taken by another client (a batch then writes none of its jobs)",
+        422: "A field is refused; `detail` names it (a batch then writes none of its jobs)",
+    }
+)
+_JOB_ERRORS = error_responses({404: "No such job (or another client's)"})
 
 MAX_WAIT_S = 60.0
 
@@ -79,21 +95,35 @@ async def _accept(
         core = None
     seen = [request.id for request in requests if core is not None and request.id in core]
     known = await _known(node, seen) if seen else {}
+    # All or nothing: every refusal is found before anything is written.
+    for request in requests:
+        existing = known.get(request.id)
+        taken = existing is not None and existing["client_id"] != principal.client_id
+        if taken and principal.role is not Role.ADMIN:
+            raise ApiError(409, f"job id {request.id!r} is taken")
     fresh = [request for request in requests if request.id not in known]
+    refusal = core.exec_queues_refusal(fresh) if core is not None else None
+    if refusal is not None:
+        # Early and best effort (two requests racing for a client's last queue may both pass:
+        # the leader then rejects one to dispatch.submit.rejected); the rule is the core's.
+        raise ApiError(422, refusal)
     await node.produce_submissions(fresh)
     answers = []
     for request in requests:
         existing = known.get(request.id)
         if existing is None:
             answers.append(Accepted(id=request.id, status="queued"))
-        elif principal.role is not Role.ADMIN and existing["client_id"] != principal.client_id:
-            raise ApiError(409, f"job id {request.id!r} is taken")
         else:
             answers.append(Accepted(id=request.id, status=existing["status"], existing=True))
     return answers
 
 
-@router.post("/jobs", status_code=202, response_model=Accepted)
+@router.post(
+    "/jobs",
+    status_code=202,
+    response_model=Accepted,
+    responses={200: {"model": Accepted, "description": "The id was known"}, **_SUBMIT_ERRORS},
+)
 async def submit(
     body: JobSubmission, node: NodeDep, principal: ClientDep, response: Response
 ) -> Accepted:
@@ -104,14 +134,15 @@ async def submit(
     return accepted
 
 
-@router.post("/jobs:batch", status_code=202, response_model=AcceptedBatch)
+@router.post("/jobs:batch", status_code=202, response_model=AcceptedBatch, responses=_SUBMIT_ERRORS)
 async def submit_batch(body: JobBatch, node: NodeDep, principal: ClientDep) -> AcceptedBatch:
-    """Submit many jobs; all are validated before any is written."""
+    """Submit many jobs, all or nothing: all are validated (fields, ids taken by another
+    client) before any is written."""
     requests = [to_request(job, principal, f"body.jobs[{i}]") for i, job in enumerate(body.jobs)]
     return AcceptedBatch(jobs=await _accept(node, requests, principal))
 
 
-@router.get("/jobs/{job_id}", response_model=JobView)
+@router.get("/jobs/{job_id}", response_model=JobView, responses=_JOB_ERRORS)
 async def read_job(
     job_id: str,
     node: NodeDep,
@@ -145,7 +176,11 @@ async def read_job(
             node.hub.forget_waiter(job_id, waiter)
 
 
-@router.delete("/jobs/{job_id}", response_model=JobView)
+@router.delete(
+    "/jobs/{job_id}",
+    response_model=JobView,
+    responses={**_JOB_ERRORS, **error_responses({409: "The job is running or finished"})},
+)
 async def cancel(job_id: str, node: NodeDep, principal: ClientDep) -> dict[str, Any]:
     """Cancel a queued job (409 if it is running or finished)."""
     _visible((await _known(node, [job_id])).get(job_id), principal, job_id)

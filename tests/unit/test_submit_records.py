@@ -105,3 +105,55 @@ def test_a_rejection_of_a_huge_record_keeps_its_head_and_its_size() -> None:
     assert len(encoded) < 2 * MAX_KEPT_BYTES
     assert json.loads(encoded)["value_bytes"] == len(huge)
     assert Rejection.from_record_value(encoded).value == huge[:MAX_KEPT_BYTES]
+
+
+def _deep(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def _with_payload(raw: bytes) -> bytes:
+    return b'{"id":"j","exec":"a.b","payload":' + raw + b"}"
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        # Item 7: a 50,000-deep payload made json.loads raise RecursionError in the leader.
+        (_with_payload(_deep(50_000)), r"^value: nested too deep to parse"),
+        # Item 8: deep enough to break reads later, shallow enough to parse.
+        (_with_payload(_deep(300)), r"^payload: nested deeper than 32 levels$"),
+        (_with_payload(_deep(33)), r"^payload: nested deeper than 32 levels$"),
+        # Item 13: NaN and Infinity literals are not JSON numbers.
+        (_with_payload(b'{"x":NaN}'), r"^payload\.x: NaN is not JSON$"),
+        (_with_payload(b"[-Infinity]"), r"^payload\[0\]: -Infinity is not JSON$"),
+        (_value(id="j", exec="a.b", payload=1, timeout_s=float("inf")), "^timeout_s:"),
+        # Item 7: integers the Delta fold cannot store (int32 columns, int64 values).
+        (_value(id="j", exec="a.b", payload=1, max_attempts=2**31), "^max_attempts: .* <= 1000"),
+        (_value(id="j", exec="a.b", payload=1, priority=-(2**31)), "^priority:"),
+        (_with_payload(b"18446744073709551616"), "^payload: integer outside signed 64 bits"),
+        (_with_payload(b"1" * 5000), r"^value: not JSON \(Exceeds the limit"),
+        # Item 16: ids that no route could reach.
+        (_value(id="a/b", exec="a.b", payload=1), "^id: expected"),
+        (_value(id="../x", exec="a.b", payload=1), "^id: expected"),
+        # A deep value where a scalar belongs: named, not repr'd.
+        (b'{"id":"j","exec":"a.b","payload":1,"priority":' + _deep(900) + b"}", "^priority:"),
+    ],
+)
+def test_hostile_records_are_rejected_with_a_short_reason(value: bytes, reason: str) -> None:
+    with pytest.raises(SubmissionError, match=reason) as caught:
+        parse(None, value)
+    assert len(str(caught.value)) < 300
+
+
+def test_a_record_just_deep_enough_is_accepted() -> None:
+    submission = parse(b"j", _with_payload(_deep(32)))
+    depth, value = 0, submission.payload
+    while isinstance(value, list):
+        depth, value = depth + 1, value[0] if value else None
+    assert depth == 32
+
+
+def test_a_huge_mismatched_key_is_cut_in_the_reason() -> None:
+    with pytest.raises(SubmissionError, match=r"^key: ") as caught:
+        parse(b"k" * 100_000, _value(id="j", exec="a.b", payload=1))
+    assert len(str(caught.value)) < 200

@@ -16,6 +16,7 @@ import uvicorn
 from api.app import create_app
 from api.auth import KeyRing, ensure_dev_keys
 from api.node import Node
+from api.server import uvicorn_config
 from dispatch.settings import Settings
 from dispatch.stack.ports import free_port
 
@@ -46,11 +47,8 @@ def start_node(settings: Settings) -> tuple[RunningNode, _ThreadServer, threadin
     keys = ensure_dev_keys(settings.auth)
     node = Node(settings, f"test-{port}", f"http://127.0.0.1:{port}")
     app = create_app(settings, node, KeyRing.load(settings.auth.keys_file))
-    server = _ThreadServer(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_level="warning", ws="websockets-sansio"
-        )
-    )
+    # The production limits (header and WebSocket message sizes, log scrubbing).
+    server = _ThreadServer(uvicorn_config(app, settings, "127.0.0.1", port, log_level="warning"))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     running = RunningNode(settings, node, f"http://127.0.0.1:{port}", keys)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
+import jsonschema
 import pytest
 
 from tests.integration.api.conftest import RunningNode, poll_until
@@ -56,3 +59,52 @@ def test_metrics_count_what_the_leader_did(api_node: RunningNode) -> None:
     assert samples["dispatch_is_leader"] == 1
     assert samples["dispatch_dispatch_latency_seconds_count"] == 3
     assert samples["dispatch_commit_seconds_count"] >= 1
+
+
+def _documented(document: dict[str, Any], path: str, method: str, status: int) -> dict[str, Any]:
+    """The schema the document gives for one answer, with the components it refers to."""
+    answer = document["paths"][path][method]["responses"][str(status)]
+    schema: dict[str, Any] = answer["content"]["application/json"]["schema"]
+    return {**schema, "components": document["components"]}
+
+
+def test_openapi_describes_the_error_bodies_the_server_really_answers(
+    api_node: RunningNode,
+) -> None:
+    document = httpx.get(f"{api_node.url}/openapi.json").json()
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    with api_node.client("client") as client:
+        # A 422 from request validation (with `fields`) and one from the submission checks.
+        shape = client.post("/v1/jobs", json={"payload": 1})
+        value = client.post("/v1/jobs", json={"exec": "a.b", "id": "a/b"})
+        unknown = client.get("/v1/jobs/nope")
+        forbidden = client.get("/v1/dlq")
+    anonymous = httpx.get(f"{api_node.url}/v1/jobs/nope")
+    answers = [
+        (shape, "/v1/jobs", "post", 422),
+        (value, "/v1/jobs", "post", 422),
+        (unknown, "/v1/jobs/{job_id}", "get", 404),
+        (forbidden, "/v1/dlq", "get", 403),
+        (anonymous, "/v1/jobs/{job_id}", "get", 401),
+    ]
+    for answer, path, method, status in answers:
+        assert answer.status_code == status, answer.text
+        jsonschema.validate(answer.json(), _documented(document, path, method, status))
+    assert shape.json()["fields"] == ["body.exec: Field required"]
+    # FastAPI's default 422 schema (an array `detail`) would refuse the real body.
+    fastapi_default = {
+        "type": "object",
+        "properties": {"detail": {"type": "array"}},
+    }
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(value.json(), fastapi_default)
+
+
+def test_openapi_lists_every_status_a_route_can_answer(api_node: RunningNode) -> None:
+    paths = httpx.get(f"{api_node.url}/openapi.json").json()["paths"]
+    submit = set(paths["/v1/jobs"]["post"]["responses"])
+    assert {"202", "200", "307", "400", "401", "403", "409", "413", "422", "503"} <= submit
+    read = set(paths["/v1/jobs/{job_id}"]["get"]["responses"])
+    assert {"200", "307", "401", "403", "404", "422", "503"} <= read
+    assert paths["/v1/jobs/{job_id}"]["get"]["security"] == [{"bearer": []}]
+    assert "401" not in paths["/healthz"]["get"]["responses"]

@@ -205,3 +205,151 @@ def test_a_permanent_failure_dead_letters_and_redrive_runs_it_again(api_node: Ru
         assert again["attempt"] == 1
         ack(worker, again)
         assert admin.get("/v1/dlq").json()["jobs"] == []
+
+
+def _nested(depth: int) -> object:
+    value: object = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_a_too_deep_payload_is_refused_with_422_naming_the_field(api_node: RunningNode) -> None:
+    with api_node.client("client") as client:
+        one = client.post("/v1/jobs", json={"id": "deep", "exec": "a.b", "payload": _nested(300)})
+        assert one.status_code == 422, one.text
+        assert one.json()["detail"] == "body.payload: nested deeper than 32 levels"
+        batch = client.post(
+            "/v1/jobs:batch",
+            json={"jobs": [{"exec": "a.b"}, {"exec": "a.b", "payload": {"x": _nested(33)}}]},
+        )
+        assert batch.status_code == 422, batch.text
+        assert batch.json()["detail"].startswith("body.jobs[1].payload: nested deeper")
+        assert client.get("/v1/jobs/deep").status_code == 404
+
+
+def test_the_deepest_payload_allowed_round_trips_through_reads_and_the_poll(
+    api_node: RunningNode,
+) -> None:
+    payload = {"deep": _nested(31)}  # 32 levels with the object around it: the limit
+    with api_node.client("admin") as admin, api_node.client("worker") as worker:
+        accepted = admin.post("/v1/jobs", json={"id": "deep-ok", "exec": "a.b", "payload": payload})
+        assert accepted.status_code == 202, accepted.text
+        [assignment] = poll_until(worker, "w1", ["job.assign.a.b"], 1)
+        assert assignment["payload"] == payload
+        failed = worker.post(
+            "/v1/jobs/deep-ok/fail",
+            json={"attempt": 1, "lease": assignment["lease"], "error": "no", "retryable": False},
+        )
+        assert failed.status_code == 200, failed.text
+        job = admin.get("/v1/jobs/deep-ok")
+        assert job.status_code == 200 and job.json()["payload"] == payload
+        [dead] = admin.get("/v1/dlq").json()["jobs"]
+        assert (dead["id"], dead["payload"]) == ("deep-ok", payload)
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        (b'{"exec":"a.b","payload":{"x":NaN}}', "body.payload.x: NaN is not JSON"),
+        (b'{"exec":"a.b","payload":[1,Infinity]}', "body.payload[1]: Infinity is not JSON"),
+        (b'{"exec":"a.b","timeout_s":NaN}', "body.timeout_s: expected a finite number, got nan"),
+        (b'{"exec":"a.b","max_attempts":2147483648}', "body.max_attempts: expected an integer"),
+        (b'{"exec":"a.b","id":"a/b"}', "body.id: expected 1 to 128 of A-Z a-z 0-9"),
+        (b'{"exec":"a.b","id":"..%2f"}', "body.id: expected 1 to 128 of A-Z a-z 0-9"),
+        (b'{"exec":"a.b","id":"x..y"}', "body.id: expected 1 to 128 of A-Z a-z 0-9"),
+    ],
+)
+def test_non_json_numbers_and_unreachable_ids_are_refused_with_422(
+    api_node: RunningNode, body: bytes, detail: str
+) -> None:
+    with api_node.client("client") as client:
+        answer = client.post("/v1/jobs", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"] == "invalid"
+    assert answer.json()["detail"].startswith(detail)
+
+
+def _submitted_keys(api_node: RunningNode) -> list[bytes]:
+    """Every key in the submit topic, read to its end."""
+    kafka = api_node.settings.kafka
+    consumer = KafkaConsumer(
+        kafka.submit_topic,
+        bootstrap_servers=kafka.bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=3_000,
+    )
+    try:
+        return [record.key for record in consumer]
+    finally:
+        consumer.close()
+
+
+def test_a_batch_with_an_id_taken_by_another_client_writes_none_of_its_jobs(
+    api_node: RunningNode,
+) -> None:
+    with api_node.client("admin") as admin, api_node.client("client") as client:
+        taken = admin.post("/v1/jobs", json={"id": "taken", "exec": "a.b", "client_id": "other"})
+        assert taken.status_code == 202, taken.text
+        deadline = time.monotonic() + 20
+        while admin.get("/v1/jobs/taken").status_code != 200:
+            assert time.monotonic() < deadline, "the first job was never enqueued"
+            time.sleep(0.1)
+        batch = [{"id": "fresh-1", "exec": "a.b"}, {"id": "taken", "exec": "a.b"}]
+        batch.append({"id": "fresh-2", "exec": "a.b"})
+        refused = client.post("/v1/jobs:batch", json={"jobs": batch})
+        assert refused.status_code == 409, refused.text
+        assert refused.json() == {"error": "conflict", "detail": "job id 'taken' is taken"}
+        assert _submitted_keys(api_node) == [b"taken"]
+        for job_id in ("fresh-1", "fresh-2"):
+            assert admin.get(f"/v1/jobs/{job_id}").status_code == 404
+
+
+def test_poison_records_are_rejected_and_the_leader_keeps_working(api_node: RunningNode) -> None:
+    kafka = api_node.settings.kafka
+    deep = b"[" * 50_000 + b"]" * 50_000
+    poison = {
+        b"deep": b'{"id":"deep","exec":"a.b","payload":' + deep + b"}",
+        b"nan": b'{"id":"nan","exec":"a.b","payload":{"x":NaN}}',
+        b"big": b'{"id":"big","exec":"a.b","payload":1,"max_attempts":2147483648}',
+        b"a/b": b'{"id":"a/b","exec":"a.b","payload":1}',
+        b"d300": b'{"id":"d300","exec":"a.b","payload":' + deep[:300] + deep[-300:] + b"}",
+    }
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
+    for key, value in poison.items():
+        producer.send(kafka.submit_topic, key=key, value=value)
+    good = json.dumps({"id": "after", "exec": "a.b", "payload": None}).encode()
+    producer.send(kafka.submit_topic, key=b"after", value=good).get(timeout=30)
+    producer.close()
+
+    consumer = KafkaConsumer(
+        kafka.rejected_topic,
+        bootstrap_servers=kafka.bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        consumer_timeout_ms=20_000,
+    )
+    reasons: dict[bytes, str] = {}
+    try:
+        for record in consumer:
+            rejection = Rejection.from_record_value(record.value)
+            assert rejection.key is not None
+            reasons[rejection.key] = rejection.reason
+            if len(reasons) == len(poison):
+                break
+    finally:
+        consumer.close()
+    assert reasons == {
+        b"deep": "value: nested too deep to parse (a payload may nest 32 levels)",
+        b"nan": "payload.x: NaN is not JSON",
+        b"big": "max_attempts: expected an integer <= 1000, got 2147483648",
+        b"a/b": reasons[b"a/b"],
+        b"d300": "payload: nested deeper than 32 levels",
+    }
+    assert reasons[b"a/b"].startswith("id: expected 1 to 128 of A-Z a-z 0-9")
+    with api_node.client("admin") as admin:
+        deadline = time.monotonic() + 20
+        while admin.get("/v1/jobs/after").status_code != 200:
+            assert time.monotonic() < deadline, "the good record after the poison was not enqueued"
+            time.sleep(0.1)
+        assert api_node.node.terms == 1, "a poison record ended the leader's term"

@@ -24,6 +24,7 @@ from dispatch.client import (
     TooLarge,
     Unauthorized,
     Unavailable,
+    UntrustedRedirect,
     _Call,
     _Done,
     _Tries,
@@ -148,8 +149,82 @@ def test_the_router_moves_on_after_a_failure_and_follows_redirects() -> None:
     assert router.current == "http://a"
     router.redirect("http://b/")
     assert router.current == "http://b"
-    router.redirect("http://c:9")
-    assert (router.current, router.urls) == ("http://c:9", ["http://a", "http://b", "http://c:9"])
+    router.redirect("http://a:9")  # another node on a configured host
+    assert (router.current, router.urls) == ("http://a:9", ["http://a", "http://b", "http://a:9"])
+
+
+@pytest.mark.parametrize(
+    ("leader", "trusted"),
+    [
+        ("http://a:8000", True),
+        ("http://a:9999", True),  # the same host, another port: a node of the same machine
+        ("https://a:8443", True),  # an upgrade to TLS
+        ("http://B:1", True),  # host names are not case-sensitive
+        ("https://s:1", True),
+        ("http://s:1", False),  # https configured: never downgraded to cleartext
+        ("http://evil:8000", False),
+        ("http://a.evil:8000", False),
+        ("http://a:8000@evil:80", False),  # user info: the host is `evil`
+        ("http://u:p@a:8000", False),
+    ],
+)
+def test_a_redirect_is_trusted_only_to_a_configured_host(leader: str, trusted: bool) -> None:
+    router = NodeRouter(["http://a:8000", "http://b:8001", "https://s:443"])
+    assert router.trusts(leader) is trusted
+    if trusted:
+        router.redirect(leader)
+        assert router.current == leader.rstrip("/")
+    else:
+        with pytest.raises(UntrustedRedirect, match="not following it"):
+            router.redirect(leader)
+        assert router.current == "http://a:8000"
+        assert leader not in router.urls
+
+
+def test_a_leader_that_is_not_a_url_is_untrusted() -> None:
+    with pytest.raises(UntrustedRedirect, match="not a node URL"):
+        NodeRouter(["http://a"]).redirect("javascript:alert(1)")
+
+
+def test_the_client_never_sends_its_key_to_a_foreign_leader() -> None:
+    seen: list[httpx.Request] = []
+
+    def node(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.host == "a":
+            # A follower (or whatever answers in its place) naming a leader elsewhere.
+            return httpx.Response(
+                307,
+                headers={"Location": "http://evil:8000/v1/queues"},
+                json={"error": "not_leader", "detail": "follower", "leader": "http://evil:8000"},
+            )
+        return httpx.Response(200, json={"queues": []})
+
+    with Client("http://a:8000", "secret-key", retry_timeout_s=1.0) as client:
+        client._http = httpx.Client(
+            headers=client.headers, transport=httpx.MockTransport(node), follow_redirects=False
+        )
+        with pytest.raises(UntrustedRedirect, match="http://evil:8000") as raised:
+            client.queues()
+    assert raised.value.error == "untrusted_redirect"
+    assert [request.url.host for request in seen] == ["a"]
+
+
+def test_the_client_follows_a_redirect_to_another_node_of_a_configured_host() -> None:
+    seen: list[str] = []
+
+    def node(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.url.host}:{request.url.port}")
+        if request.url.port == 8000:
+            return httpx.Response(307, json={"error": "not_leader", "leader": "http://a:8001"})
+        return httpx.Response(200, json={"queues": []})
+
+    with Client("http://a:8000", "secret-key") as client:
+        client._http = httpx.Client(
+            headers=client.headers, transport=httpx.MockTransport(node), follow_redirects=False
+        )
+        assert client.queues() == []
+    assert seen == ["a:8000", "a:8001"]
 
 
 def test_the_leader_is_read_from_a_307_body_or_its_location() -> None:

@@ -97,6 +97,27 @@ def down() -> None:
 
 
 @app.command()
+def restart(
+    component: Annotated[
+        str, typer.Argument(help="broker, streaming, node or workers.", show_default=False)
+    ],
+    port: Annotated[
+        int | None, typer.Argument(help="For `node`: the port of the node to restart.")
+    ] = None,
+) -> None:
+    """Restart one component of a stack started by `dispatch up --detach` (stopped by its
+    recorded pid, started again with the same settings); the others keep running."""
+    if (component == "node") != (port is not None):
+        raise _fail(ValueError("give a PORT with `node`, and only with `node`"))
+    stack = LocalStack(_settings())
+    try:
+        restarted = stack.restart(component, port)
+    except ProcessError as error:
+        raise _fail(error) from error
+    console.print(f"restarted: {', '.join(restarted)}" if restarted else "nothing to restart")
+
+
+@app.command()
 def status() -> None:
     """Show which processes of the local stack are running. Exit code 3 if any is not."""
     stack = LocalStack(_settings())
@@ -212,6 +233,20 @@ def streaming(context: typer.Context) -> None:
     from streaming.app import main as streaming_main
 
     raise typer.Exit(streaming_main(_settings(), list(context.args)))
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def chaos(context: typer.Context) -> None:
+    """The stack under a known job mix and injected faults: Jepsen-style safety counts and
+    liveness figures; exit 1 on any safety count or a slow canary.
+
+    Options pass through to `python -m bench.chaos` (`dispatch chaos --help` lists them)."""
+    from bench.chaos import main as chaos_main
+
+    raise typer.Exit(chaos_main(list(context.args)))
 
 
 # The job commands (submit, status ID, dlq, worker) live in their own module.

@@ -266,11 +266,16 @@ class Leader:
             kafka, self.group, client_id=client_id, position=self.submit_position
         )
         now = time.time()
+        # How long no leader served, as far as this term can tell: since the log's last
+        # decision, but no longer than a lease's life plus this rebuild (an idle leader writes
+        # nothing, so its last decision may be much older than its death).
+        unserved_s = max(
+            0.0,
+            min(now - self.core.clock, self.settings.lease.ttl_s + time.monotonic() - started),
+        )
         epoch = self.epoch_for(self.core.fence.epoch)
         events = self.core.begin_epoch(epoch, now, holder=self.node_id)
-        # Running jobs get the workers' expiry window to be acked or heartbeated again: their
-        # workers could do neither while no leader served.
-        events += self.core.resume(now, grace_s=self.settings.dispatcher.worker_expiry_s)
+        events += self.core.resume(now, outage_s=unserved_s)
         self._commit(events, [], moved=False, now=now)
         self.listener.committed(self.core, events)
         self.rebuild_s = time.monotonic() - started

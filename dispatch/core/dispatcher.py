@@ -58,29 +58,31 @@ class Dispatcher(WorkerCommands, SettlementCommands):
         self._emit(event, out)
         return out
 
-    def resume(self, now: float, *, grace_s: float = 0.0) -> list[Event]:
+    def resume(self, now: float, *, outage_s: float = 0.0) -> list[Event]:
         """Call once after a rebuild, before serving: gives every known worker a fresh expiry
         window (a `worker_heartbeat` each), since the silence during the failover was not
-        theirs, and every running job whose deadline falls within `grace_s` a deadline of
-        now + `grace_s` (a `job_heartbeat` each), for the same reason: its worker could
-        neither heartbeat nor ack while no leader served. Without that, a job whose deadline
-        passed during the failover was reassigned at the new leader's first tick, just before
-        its worker reconnected and resent the ack: it ran twice. Then an assignment pass."""
+        theirs; moves the deadline of every running job that falls within `outage_s` of now
+        later by `outage_s` (a `job_heartbeat` each), for the same reason: for that long no
+        leader served, and its worker could neither heartbeat nor ack. Without that, a job
+        whose deadline passed during the failover was taken from its worker at the new
+        leader's first tick, just before the worker reconnected and resent its ack: it ran
+        twice. A job stuck past its timeout still times out, `outage_s` later. Then an
+        assignment pass."""
         now = self._now(now)
         out: list[Event] = []
         epoch = self.fence.epoch
-        until = now + grace_s
         for worker_id, worker in list(self._workers.items()):
             self._emit(WorkerHeartbeat(epoch=epoch, at=now, worker_id=worker_id), out)
-            if grace_s <= 0:
+            if outage_s <= 0:
                 continue
             for job in list(worker.running.values()):
-                if job.deadline is not None and job.deadline < until and job.lease is not None:
-                    extended = JobHeartbeat(
+                deadline = job.deadline
+                if deadline is not None and deadline < now + outage_s and job.lease is not None:
+                    moved = JobHeartbeat(
                         epoch=epoch, at=now, job_id=job.id, worker_id=worker_id,
-                        attempt=job.attempts, lease=job.lease, deadline=until,
+                        attempt=job.attempts, lease=job.lease, deadline=deadline + outage_s,
                     )  # fmt: skip
-                    self._emit(extended, out)
+                    self._emit(moved, out)
         self._dispatch(now, out)
         return out
 

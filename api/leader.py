@@ -59,6 +59,11 @@ log = logging.getLogger(__name__)
 IDLE_POLL_MS = 5
 """How long an idle loop waits for submissions; also the worst extra latency of a command."""
 
+WORKER_RECONNECT_S = 10.0
+"""How long a worker may take to find a new leader and resend what it holds: twice the SDK's
+longest reconnection backoff (5 s). No running job's deadline falls sooner after a term
+starts (`Dispatcher.resume`)."""
+
 PRUNE_EVERY_S = 60.0
 """How often finished jobs older than the dedup window are forgotten (memory stays bounded)."""
 
@@ -266,16 +271,18 @@ class Leader:
             kafka, self.group, client_id=client_id, position=self.submit_position
         )
         now = time.time()
-        # How long no leader served, as far as this term can tell: since the log's last
-        # decision, but no longer than a lease's life plus this rebuild (an idle leader writes
-        # nothing, so its last decision may be much older than its death).
-        unserved_s = max(
-            0.0,
-            min(now - self.core.clock, self.settings.lease.ttl_s + time.monotonic() - started),
+        # How long no leader served: since the log's last decision. A leader with connected
+        # workers writes a decision at least every `worker_expiry_s / 3` (their heartbeats),
+        # and without workers no job runs, so this is not much more than the outage, which
+        # may be far longer than a lease's life (a broker restart: ~20 s with the same
+        # holder). Bounded by four worker expiries (a minute by default), for a log whose
+        # last decision is old for another reason.
+        unserved_s = min(
+            max(0.0, now - self.core.clock), self.settings.dispatcher.worker_expiry_s * 4
         )
         epoch = self.epoch_for(self.core.fence.epoch)
         events = self.core.begin_epoch(epoch, now, holder=self.node_id)
-        events += self.core.resume(now, outage_s=unserved_s)
+        events += self.core.resume(now, outage_s=unserved_s, reconnect_s=WORKER_RECONNECT_S)
         self._commit(events, [], moved=False, now=now)
         self.listener.committed(self.core, events)
         self.rebuild_s = time.monotonic() - started

@@ -70,7 +70,9 @@ from bench.chaos_audit import (
     first_after,
     job_mix,
     lost_jobs,
+    outage_windows,
     parse_faults,
+    ran_across_an_outage,
     unexpected_jobs,
     verdict,
     wrong_states,
@@ -657,7 +659,9 @@ def _audit(
     print(f"settled after {waited} s; reading the log, the runs, Delta", flush=True)
     records, log_end = events_log(settings)
     log = audit_log(records)
-    runs = audit_runs(fleet.runs(), fleet.killed)
+    run_lines = list(fleet.runs())
+    runs = audit_runs(run_lines, fleet.killed)
+    across_outage = ran_across_an_outage(run_lines, outage_windows(faults))
     rejected = rejected_keys(settings)
     audit_began = time.monotonic()
     delta = delta_statuses(settings, log_end, options.delta_timeout_s)
@@ -679,7 +683,7 @@ def _audit(
         "unexpected": unexpected_jobs(log.enqueued, planned_ids),
         "completed_twice": sorted(job for job, count in log.completions.items() if count > 1),
         "ran_to_success_twice": runs.twice,
-        "wrong_terminal_state": wrong_states(expected, statuses),
+        "wrong_terminal_state": wrong_states(expected, statuses, across_outage),
         "delta_api_disagreements": (
             disagreements(statuses, delta, accepted) if delta is not None else []
         ),

@@ -58,29 +58,34 @@ class Dispatcher(WorkerCommands, SettlementCommands):
         self._emit(event, out)
         return out
 
-    def resume(self, now: float, *, outage_s: float = 0.0) -> list[Event]:
+    def resume(self, now: float, *, outage_s: float = 0.0, reconnect_s: float = 0.0) -> list[Event]:
         """Call once after a rebuild, before serving: gives every known worker a fresh expiry
         window (a `worker_heartbeat` each), since the silence during the failover was not
-        theirs; moves the deadline of every running job that falls within `outage_s` of now
-        later by `outage_s` (a `job_heartbeat` each), for the same reason: for that long no
-        leader served, and its worker could neither heartbeat nor ack. Without that, a job
-        whose deadline passed during the failover was taken from its worker at the new
-        leader's first tick, just before the worker reconnected and resent its ack: it ran
-        twice. A job stuck past its timeout still times out, `outage_s` later. Then an
-        assignment pass."""
+        theirs; and moves every running job's deadline later by `outage_s`, and to at least
+        now + `reconnect_s` (a `job_heartbeat` each, only where that changes it), for the same
+        reason: for `outage_s` no leader served, and its worker could neither heartbeat nor
+        ack, and then needs up to `reconnect_s` to find the new leader and resend. Without
+        that, a job whose deadline passed during the failover was taken from its worker at
+        the new leader's first tick, just before the worker resent its ack: it ran twice. A
+        job stuck past its timeout still times out, that much later. Then an assignment
+        pass."""
         now = self._now(now)
         out: list[Event] = []
         epoch = self.fence.epoch
+        floor = now + reconnect_s
         for worker_id, worker in list(self._workers.items()):
             self._emit(WorkerHeartbeat(epoch=epoch, at=now, worker_id=worker_id), out)
-            if outage_s <= 0:
+            if outage_s <= 0 and reconnect_s <= 0:
                 continue
             for job in list(worker.running.values()):
                 deadline = job.deadline
-                if deadline is not None and deadline < now + outage_s and job.lease is not None:
+                if deadline is None or job.lease is None:
+                    continue
+                moved_to = max(deadline + outage_s, floor)
+                if deadline < now + max(outage_s, reconnect_s) and moved_to > deadline:
                     moved = JobHeartbeat(
                         epoch=epoch, at=now, job_id=job.id, worker_id=worker_id,
-                        attempt=job.attempts, lease=job.lease, deadline=deadline + outage_s,
+                        attempt=job.attempts, lease=job.lease, deadline=moved_to,
                     )  # fmt: skip
                     self._emit(moved, out)
         self._dispatch(now, out)

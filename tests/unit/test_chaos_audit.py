@@ -19,7 +19,9 @@ from bench.chaos_audit import (
     first_after,
     job_mix,
     lost_jobs,
+    outage_windows,
     parse_faults,
+    ran_across_an_outage,
     unexpected_jobs,
     verdict,
     wrong_states,
@@ -199,3 +201,22 @@ def test_the_fault_list_is_parsed_and_checked() -> None:
     assert parse_faults("leader, worker,pause") == ("leader", "worker", "pause")
     with pytest.raises(Exception, match="unknown faults"):
         parse_faults("leader,meteor")
+
+
+def test_a_stall_job_that_ran_across_an_outage_may_succeed_but_no_other() -> None:
+    kill = FaultRecord("leader", at_s=10.0, killed_at=1000.0, target="node", recovered_s=4.0)
+    worker = FaultRecord("worker", at_s=30.0, killed_at=1020.0, target="w", recovered_s=0.1)
+    windows = outage_windows([kill, worker])
+    assert windows == [(1000.0, 1009.0)]  # the worker kill is no outage; 5 s to reconnect
+    lines = [
+        {"e": "start", "id": "across", "attempt": 2, "t": 999.0},
+        {"e": "end", "id": "across", "attempt": 2, "t": 1001.5},
+        {"e": "start", "id": "before", "attempt": 2, "t": 990.0},
+        {"e": "end", "id": "before", "attempt": 2, "t": 992.5},
+    ]
+    across = ran_across_an_outage(lines, windows)
+    assert across == {"across"}
+    expected = {"across": "dead", "before": "dead", "ok": "succeeded"}
+    statuses = {"across": "succeeded", "before": "succeeded", "ok": "dead"}
+    assert wrong_states(expected, statuses, across) == ["before", "ok"]
+    assert wrong_states(expected, statuses) == ["across", "before", "ok"]

@@ -201,6 +201,19 @@ def test_resume_moves_deadlines_that_fall_in_the_failover_later_by_its_length() 
     assert [event.type for event in bare.tick(T0 + 8.5)] == ["requeued"]
 
 
+def test_resume_leaves_a_worker_time_to_reconnect_before_any_deadline() -> None:
+    old = make(worker_expiry_s=15.0, ack_timeout_s=5.0)
+    worker(old, "w", credits=2)
+    old.submit(request("due"), T0)
+    old.submit(request("later", timeout_s=300.0), T0)
+    new = Dispatcher.restore(snapshot(old), config=old.config)
+    resumed = new.resume(T0 + 8, outage_s=1.0, reconnect_s=10.0)
+    moved = [event for event in resumed if isinstance(event, JobHeartbeat)]
+    # T0 + 5 + 1 s of outage is sooner than the worker can be back: T0 + 8 + 10.
+    assert [(event.job_id, event.deadline) for event in moved] == [("due", T0 + 18)]
+    assert new.tick(T0 + 17) == []
+
+
 def test_restore_refuses_inconsistent_snapshots() -> None:
     old, _ = busy_leader()
     rows = snapshot(old)

@@ -60,9 +60,9 @@ IDLE_POLL_MS = 5
 """How long an idle loop waits for submissions; also the worst extra latency of a command."""
 
 WORKER_RECONNECT_S = 10.0
-"""How long a worker may take to find a new leader and resend what it holds: twice the SDK's
-longest reconnection backoff (5 s). No running job's deadline falls sooner after a term
-starts (`Dispatcher.resume`)."""
+"""How long a worker may take to find a new leader and resend what it holds: the SDK's longest
+reconnection backoff (2 s) several times over, for a worker that also lost its node. No
+running job's deadline falls sooner after a term starts (`Dispatcher.resume`)."""
 
 PRUNE_EVERY_S = 60.0
 """How often finished jobs older than the dedup window are forgotten (memory stays bounded)."""

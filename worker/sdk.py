@@ -220,7 +220,7 @@ class WorkerApp:
             keepalive_s=keepalive_s if keepalive_s is not None else self.keepalive_s,
             request_timeout_s=request_timeout_s,
             retry_timeout_s=retry_timeout_s,
-            backoff=backoff or Backoff(initial_s=0.2, max_s=5.0),
+            backoff=backoff or Backoff(initial_s=0.2),
         )
         if options.concurrency < 1:
             raise WorkerError(f"concurrency must be at least 1, got {options.concurrency}")

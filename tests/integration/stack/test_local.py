@@ -205,3 +205,36 @@ def test_ctrl_c_stops_a_foreground_up_and_everything_it_started(cli: Cli) -> Non
             if foreground.poll() is None:
                 foreground.kill()
                 foreground.wait()
+
+
+def test_restart_replaces_one_component_and_leaves_the_others_running(cli: Cli) -> None:
+    assert cli.run("up", "--detach", "--no-streaming").returncode == 0
+    broker, node, standby = cli.broker_pid(), cli.api_pid(), cli.pid_of(f"api-{cli.standby_port}")
+    assert None not in (broker, node, standby)
+
+    restarted = cli.run("restart", "broker")
+    assert restarted.returncode == 0, restarted.stderr
+    new_broker = cli.broker_pid()
+    assert new_broker not in (None, broker) and is_running(new_broker or 0)
+    assert (cli.api_pid(), cli.pid_of(f"api-{cli.standby_port}")) == (node, standby)
+
+    restarted = cli.run("restart", "node", str(cli.api_port))
+    assert restarted.returncode == 0, restarted.stderr
+    assert cli.api_pid() not in (None, node)
+    assert (cli.broker_pid(), cli.pid_of(f"api-{cli.standby_port}")) == (new_broker, standby)
+    # The stack serves again: one of the nodes leads.
+    deadline = time.monotonic() + 60
+    urls = [f"http://127.0.0.1:{port}/readyz" for port in (cli.api_port, cli.standby_port)]
+    while not any(_ready(url) for url in urls):
+        assert time.monotonic() < deadline, "no node became ready after the restarts"
+        time.sleep(0.5)
+
+    unknown = cli.run("restart", "kettle")
+    assert unknown.returncode != 0 and "kettle" in unknown.stdout + unknown.stderr
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False

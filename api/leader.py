@@ -233,6 +233,8 @@ class Leader:
         self.listener = listener
         self.core = Dispatcher(settings.dispatcher.core_config())
         self._mailbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._taken: list[Command] = []
+        """The commands of the iteration under way (answered by `stop` if the loop is stuck)."""
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._log: EventLog | None = None
@@ -384,8 +386,18 @@ class Leader:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            if thread.is_alive():
+                # The loop is stuck in a call (its node gave up the lease for that): what it
+                # took and what waits in the mailbox is answered now, not when (if) the call
+                # returns; the loop's own answers later are no-ops (`_settle`).
+                stuck = LeaderUnavailable("leader stopped: its loop is stuck")
+                for command in self._taken:
+                    _settle(command.future, error=stuck)
+                self._fail_waiting(None)
+                self.listener.stopped(None)
         self._close()
         # What the rebuild froze (this term's core among it) can be collected again once the
         # term is dropped; `api.node` collects it right after.
@@ -425,6 +437,10 @@ class Leader:
             _settle(command.future, error=LeaderUnavailable("this leader has stopped"))
         else:
             self._mailbox.put(command)
+            if self.error is not None or self._stopping.is_set():
+                # The loop ended between the check and the put: its last drain may have
+                # missed this command, which nothing would then answer.
+                self._fail_waiting(self.error)
         return command.future
 
     # --- the loop --------------------------------------------------------------------------
@@ -454,6 +470,7 @@ class Leader:
         # Requests that went away (their futures cancelled) are dropped here, before they
         # cost anything; the others can no longer be cancelled.
         commands = [command for command in self._drain() if _claim(command.future)]
+        self._taken = commands
         try:
             self._iterate_with(commands)
         except BaseException as error:

@@ -46,6 +46,7 @@ from dispatch.core.events import JobEvent
 from streaming import guard
 from streaming import tables as t
 from streaming.decode import (
+    RECORD_ERRORS,
     KafkaRow,
     LoggedEvent,
     Offsets,
@@ -79,6 +80,7 @@ from streaming.fold import (
     fold_batch,
     job_row,
     job_state,
+    place,
     prune_groups,
     touched_jobs,
 )
@@ -425,7 +427,7 @@ class BatchWriter:
         for row in found.to_pylist():
             try:
                 key, state = job_state(row)
-            except (ValueError, TypeError, KeyError, RecursionError) as error:
+            except RECORD_ERRORS as error:
                 key = (str(row.get("dispatch_group")), str(row.get("id")))
                 if key in keys:
                     unreadable[key] = f"{type(error).__name__}: {error}"[:500]
@@ -473,13 +475,13 @@ class BatchWriter:
         events_topic = self.topics.events
         absorbed = mark.get(events_topic, {})
         record_of = {(row.partition, row.offset): row for row in plan.fold_rows}
-        why = {_place(refused.logged): refused.reason for refused in plan.fold.refused}
+        why = {place(refused.logged): refused.reason for refused in plan.fold.refused}
         rows: list[dict[str, Any]] = []
         for event, ok in zip(plan.logged, plan.admitted, strict=True):
             if event.offset >= absorbed.get(event.partition, 0):
                 record = record_of[(event.partition, event.offset)]
                 bronze = event_bronze_row(event, record, ok, batch_id)
-                bronze["error"] = why.get(_place(event))
+                bronze["error"] = why.get(place(event))
                 rows.append(bronze)
         for refused in plan.screened:
             if refused.logged.offset >= absorbed.get(refused.logged.partition, 0):
@@ -673,10 +675,6 @@ class BatchWriter:
 
 
 _JOBS_SOURCE = t.SCHEMAS[t.JOBS].append(pa.field("_delete", pa.bool_()))
-
-
-def _place(logged: LoggedEvent) -> tuple[int, int, int]:
-    return (logged.partition, logged.offset, logged.index)
 
 
 def _archive_row(life: Any) -> dict[str, Any]:

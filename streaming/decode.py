@@ -138,7 +138,7 @@ class Undecodable:
     reason: str
 
 
-_RECORD_ERRORS = (ValueError, TypeError, KeyError, RecursionError, OverflowError)
+RECORD_ERRORS = (ValueError, TypeError, KeyError, RecursionError, OverflowError)
 """What parsing a hostile record may raise (RecursionError: JSON nested too deeply for the
 parser; OverflowError: a number too large for a float)."""
 
@@ -153,7 +153,7 @@ def decode_events(rows: Iterable[KafkaRow]) -> tuple[list[LoggedEvent], list[Und
             continue
         try:
             batch = decode_batch(row.value)
-        except _RECORD_ERRORS as error:
+        except RECORD_ERRORS as error:
             bad.append(Undecodable(row, guard.bounded(_reason(error))))
             continue
         problem = guard.header_problem(batch.group, batch.epoch)
@@ -348,7 +348,7 @@ def rejected_row(row: KafkaRow, batch_id: int) -> dict[str, Any]:
         problem = guard.row_problem(t.REJECTED, out)
         if problem is not None:
             raise ValueError(problem)
-    except (*_RECORD_ERRORS, OSError) as error:  # OSError: a time the platform cannot convert
+    except (*RECORD_ERRORS, OSError) as error:  # OSError: a time the platform cannot convert
         out.update(
             date=row.timestamp.date(),
             reason=guard.bounded(f"undecodable rejection record: {error!r}"),
@@ -383,7 +383,9 @@ def refused_record_row(
         "key": guard.kept_bytes(row.key),
         "value": guard.kept_bytes(row.value),
         "value_text": guard.kept_text(row.value),
-        "job_id": job_id,
+        # A job id is screened for its own column only where an event is applied; here it
+        # may be the very value refused (a lone surrogate pyarrow cannot encode).
+        "job_id": job_id if job_id is not None and guard.utf8(job_id) else None,
         "at": row.timestamp.timestamp(),
         "rejected_time": row.timestamp,
         "kafka_time": row.timestamp,

@@ -375,11 +375,12 @@ def fold_batch(
         final = walk.run(indexes)
         if final is not None or state is not None:
             result.final[key] = final
-    result.refused.sort(key=lambda refused: _place(refused.logged))
+    result.refused.sort(key=lambda refused: place(refused.logged))
     return result
 
 
-def _place(logged: LoggedEvent) -> tuple[int, int, int]:
+def place(logged: LoggedEvent) -> tuple[int, int, int]:
+    """Where an event stands in the log: the order of refusals and of their reasons."""
     return (logged.partition, logged.offset, logged.index)
 
 

@@ -42,20 +42,25 @@ class _ThreadServer(uvicorn.Server):
         pass
 
 
-def start_node(settings: Settings) -> tuple[RunningNode, _ThreadServer, threading.Thread]:
+def start_node(
+    settings: Settings, *, log_level: str = "warning", wait_ready: bool = True
+) -> tuple[RunningNode, _ThreadServer, threading.Thread]:
+    """A node in this process, run as `dispatch serve` runs it; returned once `/readyz` is
+    200 (it leads), or, without `wait_ready`, once it answers at all (a follower)."""
     port = free_port()
     keys = ensure_dev_keys(settings.auth)
     node = Node(settings, f"test-{port}", f"http://127.0.0.1:{port}")
     app = create_app(settings, node, KeyRing.load(settings.auth.keys_file))
     # The production limits (header and WebSocket message sizes, log scrubbing).
-    server = _ThreadServer(uvicorn_config(app, settings, "127.0.0.1", port, log_level="warning"))
+    server = _ThreadServer(uvicorn_config(app, settings, "127.0.0.1", port, log_level=log_level))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     running = RunningNode(settings, node, f"http://127.0.0.1:{port}", keys)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{running.url}/readyz", timeout=2).status_code == 200:
+            answer = httpx.get(f"{running.url}/readyz", timeout=2)
+            if answer.status_code == 200 or not wait_ready:
                 return running, server, thread
         except httpx.TransportError:
             pass
@@ -63,6 +68,11 @@ def start_node(settings: Settings) -> tuple[RunningNode, _ThreadServer, threadin
     server.should_exit = True
     thread.join(15)
     raise RuntimeError("the API node did not become ready within 60 s")
+
+
+def stop_node(server: _ThreadServer, thread: threading.Thread) -> None:
+    server.should_exit = True
+    thread.join(30)
 
 
 def short_timeouts(topics: Settings) -> Settings:

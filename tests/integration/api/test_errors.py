@@ -10,8 +10,7 @@ import httpx
 import pytest
 
 from dispatch.settings import Settings
-from tests.integration.api.conftest import RunningNode
-from tests.integration.api.test_server import serve_node, stop_node
+from tests.integration.api.conftest import RunningNode, start_node, stop_node
 
 pytestmark = pytest.mark.integration
 
@@ -42,9 +41,9 @@ def test_an_oversized_chunked_body_is_refused_with_413(api_node: RunningNode) ->
 
 @pytest.fixture
 def leader_and_follower(api_settings: Settings) -> Iterator[tuple[RunningNode, RunningNode]]:
-    leader, leader_server, leader_thread = serve_node(api_settings)
+    leader, leader_server, leader_thread = start_node(api_settings)
     try:
-        follower, follower_server, follower_thread = serve_node(api_settings, wait_ready=False)
+        follower, follower_server, follower_thread = start_node(api_settings, wait_ready=False)
         try:
             deadline = time.monotonic() + 30
             while httpx.get(f"{follower.url}/readyz").json().get("leader") != leader.url:

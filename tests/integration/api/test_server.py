@@ -4,71 +4,28 @@ sent in a query string reaches a log."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from api.app import create_app
-from api.auth import KeyRing, ensure_dev_keys
-from api.node import Node
-from api.server import MAX_HEADER_BYTES, uvicorn_config, ws_max_size
+from api.server import MAX_HEADER_BYTES, ws_max_size
 from dispatch.settings import Settings
-from dispatch.stack.ports import free_port
-from tests.integration.api.conftest import RunningNode
+from tests.integration.api.conftest import RunningNode, start_node, stop_node
 
 pytestmark = pytest.mark.integration
 
 
-class _ThreadServer(uvicorn.Server):
-    def install_signal_handlers(self) -> None:
-        pass  # signals belong to pytest's main thread
-
-
-def serve_node(
-    settings: Settings, *, wait_ready: bool = True
-) -> tuple[RunningNode, _ThreadServer, threading.Thread]:
-    """A node in this process, configured by `uvicorn_config` like `dispatch serve`."""
-    port = free_port()
-    keys = ensure_dev_keys(settings.auth)
-    url = f"http://127.0.0.1:{port}"
-    node = Node(settings, f"test-{port}", url)
-    app = create_app(settings, node, KeyRing.load(settings.auth.keys_file))
-    server = _ThreadServer(uvicorn_config(app, settings, "127.0.0.1", port))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    running = RunningNode(settings, node, url, keys)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            answer = httpx.get(f"{url}/readyz", timeout=2)
-            if answer.status_code == 200 or not wait_ready:
-                return running, server, thread
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    server.should_exit = True
-    thread.join(15)
-    raise RuntimeError("the API node did not start within 60 s")
-
-
-def stop_node(server: _ThreadServer, thread: threading.Thread) -> None:
-    server.should_exit = True
-    thread.join(30)
-
-
 @pytest.fixture
 def served(api_settings: Settings) -> Iterator[RunningNode]:
-    running, server, thread = serve_node(api_settings)
+    # Access logs at info, as `dispatch serve` writes them (the key-scrubbing test reads them).
+    running, server, thread = start_node(api_settings, log_level="info")
     try:
         yield running
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import math
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -407,3 +408,31 @@ def test_a_loop_that_stalls_or_whose_broker_is_silent_is_not_working(
     leader._next_probe = 0.0
     leader._iterate()
     assert leader.not_working() is None
+
+
+def test_stopping_a_leader_whose_loop_is_stuck_answers_every_waiting_request() -> None:
+    leader, reader = serving_leader()
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck_poll(timeout_ms: int) -> list[Any]:
+        entered.set()
+        release.wait(10)  # a Kafka call that does not return
+        return []
+
+    reader.poll = stuck_poll  # type: ignore[method-assign]
+    taken = joining("w1")
+    leader.submit(taken)
+    leader._thread = threading.Thread(target=leader._run, daemon=True)
+    leader._thread.start()
+    try:
+        assert entered.wait(5)
+        waiting = joining("w2")
+        leader.submit(waiting)
+        leader.stop(timeout_s=0.2)
+        # Answered at once, not when (if) the stuck call returns.
+        for command in (taken, waiting):
+            with pytest.raises(LeaderUnavailable):
+                command.future.result(timeout=0)
+    finally:
+        release.set()
+        leader._thread.join(5)

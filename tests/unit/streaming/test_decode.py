@@ -9,6 +9,8 @@ import math
 from dispatch.core.events import Cancelled, LeaderElected
 from dispatch.event_records import encode_batch
 from dispatch.submit_records import Rejection
+from streaming import guard
+from streaming import tables as t
 from streaming.decode import (
     KafkaRow,
     advance,
@@ -18,6 +20,7 @@ from streaming.decode import (
     merge_offsets,
     refusal_reason,
     refused_bronze_row,
+    refused_record_row,
     rejected_row,
     screen_events,
     submit_bronze_row,
@@ -145,3 +148,14 @@ def test_kafka_times_as_microseconds_are_clamped_into_what_the_tables_hold() -> 
     assert rows[0].timestamp == WHEN
     assert rows[1].timestamp.year == 9999 and rows[2].timestamp.year == 1970
     assert rows[3].timestamp == dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def test_a_refused_records_row_drops_a_job_id_its_column_cannot_hold() -> None:
+    # The job id can be the very value refused: a lone surrogate (JSON's "\ud800") made the
+    # `rejected` write raise UnicodeEncodeError, on every replay of the batch.
+    poison = row("dispatch.events", 0, 7, b'{"v": 1}', key=b"default")
+    rejected = refused_record_row(poison, ["events[0]: a lone surrogate"], "\ud800", batch_id=3)
+    assert rejected["job_id"] is None
+    assert guard.row_problem(t.REJECTED, rejected) is None
+    kept = refused_record_row(poison, ["events[0]: too big"], "job-1", batch_id=3)
+    assert kept["job_id"] == "job-1"

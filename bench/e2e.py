@@ -40,6 +40,7 @@ from kafka import KafkaConsumer, KafkaProducer
 
 from api.auth import ensure_dev_keys
 from api.kafka_log import replay_events
+from bench.stats import machine, percentiles
 from dispatch.core.events import Assigned, Completed
 from dispatch.settings import Settings, to_environment
 from dispatch.stack.broker import Broker, create_topics
@@ -52,22 +53,39 @@ DISPATCH = str(Path(sys.executable).parent / "dispatch")
 class BenchResult:
     jobs: int
     workers: int
+    batch: int
+    clients: int
     payload_bytes: int
     rate_limit: float | None
     seconds: float
     jobs_per_s: float
+    """End to end: measured jobs / seconds from the first submission to the last completion."""
+    submit_requests_per_s: float
+    """Submit requests answered 202 per second while submitting (N clients)."""
+    submit_jobs_per_s: float
+    request_ms: dict[str, float]
+    """Each submit request's round trip, as its client saw it."""
+    behind_ms: dict[str, float] | None
+    """Open loop: how late requests left after their due time (the schedule slipped when
+    every client was waiting for an answer)."""
     submit_to_assign_ms: dict[str, float]
     submit_to_complete_ms: dict[str, float]
     raw_kafka_records_per_s: float
     submit_to_record_ms: dict[str, float]
-    """Split of submit→assign, part 1: the request left this process → the node's producer
+    """Split of submit→assign, part 1: the request left the submitter → the node's producer
     stamped the job's `dispatch.submit` record (HTTP, validation, the handler's `send`)."""
     record_to_assign_ms: dict[str, float]
     """Part 2: the record's stamp → the leader assigned the job (the producer's linger and
     the broker's ack, the leader's fetch, the wait for the loop's iteration in progress)."""
+    machine_before: dict[str, Any]
+    machine_after: dict[str, Any]
     warmup_jobs: int = 0
     warmup_submit_to_assign_ms: dict[str, float] | None = None
     """submit→assign of the warm-up jobs (left out of every other figure)."""
+    sdk_loop_jobs: int = 0
+    sdk_loop_jobs_per_s: float | None = None
+    """A sequential `Client.submit` loop (the SDK, one job per request, one at a time)."""
+    sdk_loop_ms: dict[str, float] | None = None
 
     @property
     def ratio(self) -> float:
@@ -75,17 +93,6 @@ class BenchResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ratio_to_raw_kafka": round(self.ratio, 3)}
-
-
-def percentiles(seconds: list[float]) -> dict[str, float]:
-    if not seconds:
-        return {}
-    ordered = sorted(seconds)
-
-    def at(fraction: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000, 2)
-
-    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": round(ordered[-1] * 1000, 2)}
 
 
 @contextlib.contextmanager
@@ -127,8 +134,15 @@ def bench_settings(settings: Settings, scratch: Path) -> Settings:
                 update={"keys_file": scratch / "keys.json", "dev_keys_file": scratch / "dev.json"}
             ),
             # No-op jobs are acked at once; a generous timeout keeps retries out of the figure.
+            # A group of its own: on the local stack's broker, the stack's nodes hold the
+            # lease of the default group and the bench's node would only follow.
             "dispatcher": settings.dispatcher.model_copy(
-                update={"ack_timeout_s": 60.0, "max_ack_timeout_s": 120.0, "default_cap": 1_000_000}
+                update={
+                    "group": namespace,
+                    "ack_timeout_s": 60.0,
+                    "max_ack_timeout_s": 120.0,
+                    "default_cap": 1_000_000,
+                }
             ),
         }
     )
@@ -175,81 +189,75 @@ def raw_kafka_rate(settings: Settings, count: int, payload_bytes: int) -> float:
 
 
 class Load:
-    """Submits `jobs` no-op jobs in batches and runs `workers` WebSocket workers that ack."""
+    """Submits `jobs` no-op jobs from `clients` concurrent submitters (a process of their own,
+    `bench.submitters`) and runs `workers` WebSocket workers in this process that ack them."""
 
-    def __init__(self, url: str, keys: dict[str, str], jobs: int, workers: int, batch: int,
-                 payload_bytes: int, rate: float | None, warmup_jobs: int = 0) -> None:  # fmt: skip
+    def __init__(self, url: str, keys: dict[str, str], *, jobs: int, workers: int, batch: int,
+                 clients: int, payload_bytes: int, rate: float | None, warmup_jobs: int = 0,
+                 sdk_loop: int = 0) -> None:  # fmt: skip
         self.url, self.keys = url, keys
-        self.jobs, self.workers, self.batch = jobs, workers, batch
-        self.warmup_jobs = warmup_jobs
-        self.payload = "p" * payload_bytes
+        self.jobs, self.workers, self.batch, self.clients = jobs, workers, batch, clients
+        self.warmup_jobs, self.sdk_loop = warmup_jobs, sdk_loop
+        self.payload_bytes = payload_bytes
         self.rate = rate
         self.completed = 0
         self._expected = 0
         self.done = asyncio.Event()
-        self.submitted_at: dict[str, float] = {}
-        """Wall time at which each measured job's submit request was sent (same clock as the
-        leader's)."""
-        self.warmup_submitted_at: dict[str, float] = {}
+        self.submitted: dict[str, Any] = {}
+        """The measured phase's submitters' report (`bench.submitters`)."""
+        self.warmup_submitted: dict[str, Any] = {}
+        self.sdk_submitted: dict[str, Any] = {}
 
     async def run(self) -> float:
-        """Run the warm-up jobs to completion, then the measured ones; returns the seconds
-        from the first measured submission to the last measured completion."""
+        """Run the warm-up jobs to completion, then the measured ones, then the SDK loop;
+        returns the seconds from the first measured submission to the last measured
+        completion."""
         ready = [asyncio.Event() for _ in range(self.workers)]
         tasks = [
             asyncio.create_task(self._worker(f"bench-w{n}", ready[n])) for n in range(self.workers)
         ]
         await asyncio.gather(*(event.wait() for event in ready))
         if self.warmup_jobs:
-            await self._phase("warm", self.warmup_jobs, self.warmup_submitted_at)
+            self.warmup_submitted = await self._phase("warm", self.warmup_jobs)
         # The bench's own collector pauses (up to 45 ms seen in its event loop) would delay
-        # submissions and acks and count as the dispatcher's latency: off while measuring.
+        # acks and count as the dispatcher's latency: off while measuring.
         gc.collect()
         gc.disable()
         try:
             started = time.monotonic()
-            await self._phase("job", self.jobs, self.submitted_at)
+            self.submitted = await self._phase("job", self.jobs)
             elapsed = time.monotonic() - started
         finally:
             gc.enable()
+        if self.sdk_loop:
+            self.sdk_submitted = await self._phase("sdk", self.sdk_loop, sdk=True)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return elapsed
 
-    async def _phase(self, prefix: str, count: int, sent_at: dict[str, float]) -> None:
+    async def _phase(self, prefix: str, count: int, *, sdk: bool = False) -> dict[str, Any]:
         self.done.clear()
         self._expected += count
-        await self._submit(prefix, count, sent_at)
+        report = await self._submit(prefix, count, sdk=sdk)
         await asyncio.wait_for(self.done.wait(), timeout=600)
+        return report
 
-    async def _submit(self, prefix: str, count: int, sent_at: dict[str, float]) -> None:
-        headers = {"Authorization": f"Bearer {self.keys['client']}"}
-        limits = asyncio.Semaphore(4)  # a few batches in flight hide one round trip each
-        started = time.monotonic()
-        async with httpx.AsyncClient(base_url=self.url, headers=headers, timeout=60) as client:
-
-            async def post(first: int) -> None:
-                async with limits:
-                    jobs = [
-                        {"id": f"{prefix}-{n}", "exec": "bench.noop", "payload": self.payload}
-                        for n in range(first, min(first + self.batch, count))
-                    ]
-                    sent = time.time()
-                    for job in jobs:
-                        sent_at[job["id"]] = sent
-                    answer = await client.post("/v1/jobs:batch", json={"jobs": jobs})
-                    answer.raise_for_status()
-
-            posts = []
-            for first in range(0, count, self.batch):
-                if self.rate:
-                    # Open loop at the target rate: batch k leaves at k * batch / rate.
-                    delay = started + first / self.rate - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                posts.append(asyncio.create_task(post(first)))
-            await asyncio.gather(*posts)
+    async def _submit(self, prefix: str, count: int, *, sdk: bool) -> dict[str, Any]:
+        host, _, port = self.url.removeprefix("http://").partition(":")
+        plan = {"host": host, "port": int(port), "key": self.keys["client"], "prefix": prefix,
+                "jobs": count, "clients": self.clients, "batch": self.batch,
+                "payload_bytes": self.payload_bytes, "rate": self.rate, "sdk": sdk}  # fmt: skip
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.submitters",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await process.communicate(json.dumps(plan).encode())
+        if process.returncode != 0:
+            raise RuntimeError(f"the submitters failed:\n{err.decode()[-3000:]}")
+        report: dict[str, Any] = json.loads(out)
+        return report
 
     async def _worker(self, worker_id: str, ready: asyncio.Event) -> None:
         url = self.url.replace("http://", "ws://") + "/v1/stream"
@@ -334,7 +342,9 @@ def since(start: dict[str, float], end: dict[str, float]) -> list[float]:
 
 
 def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payload_bytes: int,
-              rate: float | None, warmup_jobs: int = 0) -> BenchResult:  # fmt: skip
+              rate: float | None, clients: int = 4, warmup_jobs: int = 0,
+              sdk_loop: int = 0) -> BenchResult:  # fmt: skip
+    before = machine()
     with (
         broker_for(settings) as on_broker,
         tempfile.TemporaryDirectory(prefix="dispatch-bench-") as scratch,
@@ -353,7 +363,9 @@ def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payloa
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(url, node, log_file)
-            load = Load(url, keys, jobs, workers, batch, payload_bytes, rate, warmup_jobs)
+            load = Load(url, keys, jobs=jobs, workers=workers, batch=batch, clients=clients,
+                        payload_bytes=payload_bytes, rate=rate, warmup_jobs=warmup_jobs,
+                        sdk_loop=sdk_loop)  # fmt: skip
             try:
                 elapsed = asyncio.run(load.run())
             except Exception as error:
@@ -371,21 +383,33 @@ def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payloa
             except subprocess.TimeoutExpired:
                 node.kill()
                 node.wait()
+        after = machine()
         assigned, completed = decision_times(run)
-        sent = load.submitted_at
+        submitted = load.submitted
+        sent: dict[str, float] = submitted["sent_at"]
         recorded = {job_id: at for job_id, at in record_times(run).items() if job_id in sent}
+        warm_sent = load.warmup_submitted.get("sent_at", {})
+        sdk = load.sdk_submitted
         return BenchResult(
-            jobs=jobs, workers=workers, payload_bytes=payload_bytes, rate_limit=rate,
+            jobs=jobs, workers=workers, batch=batch, clients=clients,
+            payload_bytes=payload_bytes, rate_limit=rate,
             seconds=round(elapsed, 3), jobs_per_s=round(jobs / elapsed, 1),
+            submit_requests_per_s=submitted["requests_per_s"],
+            submit_jobs_per_s=submitted["jobs_per_s"],
+            request_ms=submitted["request_ms"], behind_ms=submitted["behind_ms"],
             submit_to_assign_ms=percentiles(since(sent, assigned)),
             submit_to_complete_ms=percentiles(since(sent, completed)),
             raw_kafka_records_per_s=round(raw, 1),
             submit_to_record_ms=percentiles(since(sent, recorded)),
             record_to_assign_ms=percentiles(since(recorded, assigned)),
+            machine_before=before, machine_after=after,
             warmup_jobs=warmup_jobs,
             warmup_submit_to_assign_ms=(
-                percentiles(since(load.warmup_submitted_at, assigned)) if warmup_jobs else None
+                percentiles(since(warm_sent, assigned)) if warmup_jobs else None
             ),
+            sdk_loop_jobs=sdk_loop,
+            sdk_loop_jobs_per_s=sdk["jobs_per_s"] if sdk else None,
+            sdk_loop_ms=sdk["request_ms"] if sdk else None,
         )  # fmt: skip
 
 

@@ -177,7 +177,12 @@ def keys(
 def bench(
     jobs: Annotated[int, typer.Option(min=1, help="No-op jobs to run.")] = 20_000,
     workers: Annotated[int, typer.Option(min=1, help="WebSocket workers.")] = 4,
-    batch: Annotated[int, typer.Option(min=1, max=10_000, help="Jobs per submit request.")] = 500,
+    batch: Annotated[
+        int, typer.Option(min=1, max=10_000, help="Jobs per submit request (1: POST /v1/jobs).")
+    ] = 500,
+    clients: Annotated[
+        int, typer.Option(min=1, max=1024, help="Concurrent submitters (keep-alive connections).")
+    ] = 4,
     payload_bytes: Annotated[int, typer.Option(min=0, help="Payload size of each job.")] = 64,
     rate: Annotated[
         float | None, typer.Option(help="Submit at this many jobs/s (open loop), not all at once.")
@@ -190,6 +195,9 @@ def bench(
             "transactions are slow until its JIT warmed up).",
         ),
     ] = 10_000,
+    sdk_loop: Annotated[
+        int, typer.Option(min=0, help="Then time this many sequential `Client.submit` calls.")
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """End-to-end jobs/s and latency percentiles, beside raw kafka-python on the same broker."""
@@ -199,19 +207,37 @@ def bench(
 
     result = run_bench(
         _settings(), jobs=jobs, workers=workers, batch=batch, payload_bytes=payload_bytes,
-        rate=rate, warmup_jobs=warmup_jobs,
+        rate=rate, clients=clients, warmup_jobs=warmup_jobs, sdk_loop=sdk_loop,
     )  # fmt: skip
     if as_json:
         console.print_json(json.dumps(result.as_dict()))
         return
     table = Table("measure", "value")
-    table.add_row("jobs / workers / batch", f"{jobs} / {workers} / {batch}")
+    machine = result.machine_before
+    table.add_row(
+        "machine", f"{machine['nproc']} cores, {machine['cpu']}, Python {machine['python']}"
+    )
+    table.add_row(
+        "load average",
+        f"{machine['load_average']} before, {result.machine_after['load_average']} after",
+    )
+    table.add_row("jobs / workers / batch / clients", f"{jobs} / {workers} / {batch} / {clients}")
     table.add_row("warm-up (not counted)", f"{warmup_jobs} jobs")
-    table.add_row("submit rate", f"{rate:g} jobs/s" if rate else "as fast as possible")
+    asked = f"{rate:g} jobs/s asked (open loop)" if rate else "closed loop"
+    table.add_row("submit rate", f"{result.submit_jobs_per_s:,.0f} jobs/s measured; {asked}")
+    table.add_row("submit requests", f"{result.submit_requests_per_s:,.0f} requests/s")
     table.add_row("end-to-end", f"{result.jobs_per_s:,.0f} jobs/s ({result.seconds:.1f} s)")
     table.add_row("raw kafka-python", f"{result.raw_kafka_records_per_s:,.0f} records/s")
     table.add_row("ratio", f"{result.ratio:.2f}")
+    if result.sdk_loop_jobs_per_s is not None:
+        table.add_row(
+            "SDK loop (sequential)",
+            f"{result.sdk_loop_jobs_per_s:,.0f} jobs/s over {result.sdk_loop_jobs} calls",
+        )
     for name, figures in (
+        ("request ms", result.request_ms),
+        ("  behind schedule ms", result.behind_ms),
+        ("SDK loop call ms", result.sdk_loop_ms),
         ("submit→assign ms", result.submit_to_assign_ms),
         ("  request→record ms", result.submit_to_record_ms),
         ("  record→assign ms", result.record_to_assign_ms),

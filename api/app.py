@@ -20,6 +20,7 @@ from api.deps import get_node, get_principal
 from api.node import Node
 from api.routes import admin, jobs, stream, ui, workers
 from api.schemas import ErrorBody, NotLeaderBody, ValidationErrorBody
+from api.submit_fast_path import SubmitFastPath
 from dispatch.settings import Settings
 
 
@@ -37,6 +38,9 @@ def create_app(settings: Settings, node: Node, keyring: KeyRing) -> FastAPI:
         version="0.1.0",
         summary="A job dispatcher centred on Spark Structured Streaming",
         lifespan=lifespan,
+        # FastAPI's native OpenTelemetry looks up the global providers on every request even
+        # when none is configured; the node's own /metrics (Prometheus) is what it exports.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.node = node
     app.state.keyring = keyring
@@ -82,6 +86,9 @@ def create_app(settings: Settings, node: Node, keyring: KeyRing) -> FastAPI:
     async def metrics() -> Response:
         return Response(await node.render_metrics(), media_type="text/plain; version=0.0.4")
 
+    # The common single-job submission, without FastAPI's per-request layers; inside the
+    # payload limit (added after it, so outside: middleware added last runs first).
+    app.add_middleware(SubmitFastPath, node=node, keyring=keyring)
     # Outermost, so an oversized body is refused before anything reads it.
     app.add_middleware(errors.PayloadLimit, limit=settings.api.max_payload_bytes)
     _document_errors(app, [route for router in routers for route in router.routes])

@@ -12,7 +12,7 @@ from api.errors import ApiError
 from api.node import Node
 
 
-def get_node(request: Request) -> Node:
+async def get_node(request: Request) -> Node:
     node: Node = request.app.state.node
     return node
 
@@ -32,7 +32,7 @@ def owner_of(principal: Principal) -> str | None:
     return None if principal.role is Role.ADMIN else principal.name
 
 
-def get_principal(request: Request) -> Principal:
+async def get_principal(request: Request) -> Principal:
     keyring: KeyRing = request.app.state.keyring
     return bearer_principal(keyring, request.headers.get("authorization"))
 

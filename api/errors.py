@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.leader import LeaderUnavailable
+from api.submit_producer import SubmitUnavailable
 from dispatch.core.errors import Rejected
 
 log = logging.getLogger(__name__)
@@ -40,11 +41,10 @@ _URL_SAFE = "/%:@!$&'()*+,;=-._~?"
 characters, and `%` (what the client already percent-encoded stays encoded)."""
 
 
-def target_of(request: Request) -> str:
+def target_of(scope: Scope) -> str:
     """The request's path and query as the client sent them, percent-encoded: always ASCII,
     never a CR or LF. Built from the raw bytes, not the decoded path, which may hold any
     character (`é` cannot be sent in a header; a decoded `%0d%0a` would end it)."""
-    scope = request.scope
     raw_path = scope.get("raw_path")
     if not isinstance(raw_path, bytes):
         raw_path = scope["path"].encode("utf-8")
@@ -59,25 +59,41 @@ def _field(location: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in location)
 
 
-def install(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(_request: Request, error: ApiError) -> JSONResponse:
+def answer_for(error: Exception, scope: Scope) -> JSONResponse | None:
+    """The answer to a refusal raised by a route (or by `api.submit_fast_path`), or None if
+    `error` is not one."""
+    if isinstance(error, ApiError):
         return error_response(error.status, error.error, error.detail)
-
-    @app.exception_handler(Rejected)
-    async def _rejected(_request: Request, error: Rejected) -> JSONResponse:
+    if isinstance(error, Rejected):
         return error_response(error.http_status, error.code.value, error.detail)
-
-    @app.exception_handler(LeaderUnavailable)
-    async def _unavailable(request: Request, error: LeaderUnavailable) -> JSONResponse:
+    if isinstance(error, LeaderUnavailable):
         if error.leader is not None:
             # A follower: the same request on the leader (307 keeps the method and body).
             response = error_response(307, "not_leader", str(error), leader=error.leader)
-            response.headers["Location"] = error.leader + target_of(request)
+            response.headers["Location"] = error.leader + target_of(scope)
             return response
-        response = error_response(503, "unavailable", str(error))
-        response.headers["Retry-After"] = "1"
+        return _retry_soon(str(error))
+    if isinstance(error, SubmitUnavailable):
+        # Nothing was acknowledged: the client retries with the same ids (dedup answers).
+        return _retry_soon(str(error))
+    return None
+
+
+def _retry_soon(detail: str) -> JSONResponse:
+    response = error_response(503, "unavailable", detail)
+    response.headers["Retry-After"] = "1"
+    return response
+
+
+def install(app: FastAPI) -> None:
+    async def _answer(request: Request, error: Exception) -> JSONResponse:
+        response = answer_for(error, request.scope)
+        if response is None:  # only the classes below are registered
+            raise error
         return response
+
+    for refusal in (ApiError, Rejected, LeaderUnavailable, SubmitUnavailable):
+        app.add_exception_handler(refusal, _answer)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, error: RequestValidationError) -> JSONResponse:

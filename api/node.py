@@ -22,15 +22,11 @@ import asyncio
 import gc
 import logging
 import threading
-import time
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
-
-from kafka import KafkaProducer
 
 from api.election import Election
 from api.hub import Hub
-from api.kafka_log import RECONNECT
 from api.lag_metrics import LagGauges
 from api.leader import (
     Answer,
@@ -42,9 +38,9 @@ from api.leader import (
     preload_rebuild_modules,
 )
 from api.metrics import Metrics
+from api.submit_producer import SubmitProducer
 from dispatch.core.commands import SubmitRequest
 from dispatch.settings import Settings
-from dispatch.submit_records import submit_record_value
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +63,7 @@ class Node:
         self._leader: Leader | None = None
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
-        self._producer: KafkaProducer | None = None
+        self._producer: SubmitProducer | None = None
         self.hub: Hub | None = None
         self.terms = 0
         self.refused: str | None = None
@@ -80,19 +76,7 @@ class Node:
     async def start(self) -> None:
         self.hub = Hub(asyncio.get_running_loop(), self.metrics)
         self._producer = await asyncio.to_thread(
-            KafkaProducer,
-            bootstrap_servers=self.settings.kafka.bootstrap,
-            client_id=f"dispatch-{self.node_id}-submit",
-            acks="all",
-            **RECONNECT,
-            enable_idempotence=True,
-            # A millisecond of linger batches a REST batch's records (sent in one loop, well
-            # within it) into few produce requests; every new batch would otherwise wake the
-            # sender thread (a syscall and a GIL hand-off). Each millisecond more is added to
-            # every submission's latency (5 ms cost 4 ms at p50, and no throughput at 8k/s).
-            linger_ms=1,
-            batch_size=256 * 1024,
-            max_request_size=16 * 1024 * 1024,
+            SubmitProducer, self.settings.kafka, f"dispatch-{self.node_id}-submit"
         )
         await asyncio.to_thread(preload_rebuild_modules)
         self._supervisor = threading.Thread(
@@ -221,31 +205,9 @@ class Node:
         """Read committed state (answered after the current iteration's commit)."""
         return await self.call(lambda core, now: [], answer)
 
-    async def produce_submissions(self, submissions: Iterable[SubmitRequest]) -> None:
+    async def produce_submissions(self, submissions: Sequence[SubmitRequest]) -> None:
         """Write submissions to `dispatch.submit`; returns once Kafka acknowledged all."""
         producer = self._producer
         if producer is None:
             raise LeaderUnavailable("the node is not started")
-        loop = asyncio.get_running_loop()
-        waits: list[asyncio.Future[None]] = []
-        topic = self.settings.kafka.submit_topic
-        for submission in submissions:
-            done: asyncio.Future[None] = loop.create_future()
-            sent = producer.send(
-                topic, key=submission.id.encode(), value=submit_record_value(submission)
-            )
-            sent.add_callback(lambda _meta, d=done: loop.call_soon_threadsafe(_settle, d, None))
-            sent.add_errback(lambda error, d=done: loop.call_soon_threadsafe(_settle, d, error))
-            waits.append(done)
-        started = time.monotonic()
-        await asyncio.gather(*waits)
-        log.debug("%d submissions acknowledged in %.3fs", len(waits), time.monotonic() - started)
-
-
-def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:
-    if done.done():
-        return
-    if error is None:
-        done.set_result(None)
-    else:
-        done.set_exception(error)
+        await producer.send(submissions)

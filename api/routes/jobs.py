@@ -81,9 +81,7 @@ async def _known(node: Node, ids: list[str]) -> dict[str, dict[str, Any]]:
     return dict(await node.read(answer))
 
 
-async def _accept(
-    node: Node, requests: list[SubmitRequest], principal: Principal
-) -> list[Accepted]:
+async def accept(node: Node, requests: list[SubmitRequest], principal: Principal) -> list[Accepted]:
     """Known ids answer with the existing job; the rest go to Kafka (202 once acknowledged)."""
     # A membership test on the core's job dict is atomic under the GIL: it keeps the common
     # case (new ids) off the leader loop, and only ids seen there get a consistent read.
@@ -128,7 +126,7 @@ async def submit(
     body: JobSubmission, node: NodeDep, principal: ClientDep, response: Response
 ) -> Accepted:
     """Submit one job. Answered once Kafka has it; the same id again answers the existing job."""
-    [accepted] = await _accept(node, [to_request(body, principal)], principal)
+    [accepted] = await accept(node, [to_request(body, principal)], principal)
     if accepted.existing:
         response.status_code = 200
     return accepted
@@ -139,7 +137,7 @@ async def submit_batch(body: JobBatch, node: NodeDep, principal: ClientDep) -> A
     """Submit many jobs, all or nothing: all are validated (fields, ids taken by another
     client) before any is written."""
     requests = [to_request(job, principal, f"body.jobs[{i}]") for i, job in enumerate(body.jobs)]
-    return AcceptedBatch(jobs=await _accept(node, requests, principal))
+    return AcceptedBatch(jobs=await accept(node, requests, principal))
 
 
 @router.get("/jobs/{job_id}", response_model=JobView, responses=_JOB_ERRORS)

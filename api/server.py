@@ -189,8 +189,8 @@ def uvicorn_config(
     """How every node runs under uvicorn, with the limits above."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, lifespan="on",
-        # A line per request was 13% of the submit path's CPU (BENCHMARKS.md, *The submit
-        # path*): off unless `api.access_log` asks for it.
+        # A line per request was a large share of the submit path's CPU (BENCHMARKS.md, *The
+        # submit path*): off unless `api.access_log` asks for it.
         access_log=settings.api.access_log,
         http=BoundedHeadProtocol, ws=LingeringWebSocketProtocol,
         ws_max_size=ws_max_size(settings),

@@ -2,7 +2,7 @@
 
 A single-job submission is the request clients send most, and FastAPI's layers around the
 route (dependency solving, the body's field-by-field validation through its own adapters, the
-response model's serialisation, the exception middleware) cost the node about four times the
+response model's serialisation, the exception middleware) cost the node several times the
 route's own work (a py-spy profile of 64 concurrent clients: BENCHMARKS.md, *The submit path*).
 
 This middleware answers the common case itself: a known client key, a JSON body that

@@ -1,11 +1,11 @@
 """The node's producer on `dispatch.submit`: librdkafka (confluent-kafka), not kafka-python.
 
 Every REST submission waits for its record's acknowledgement (acks=all, idempotent) before
-its 202, so this producer's round trip is the floor of a single-job request. Measured on the
-project's 2-core machine (BENCHMARKS.md, *The submit path*): one record at a time, kafka-python
-3.0.12 took 1.3-3.5 ms a round trip (its sender thread runs Python under the GIL, beside the
-node's event loop), librdkafka 0.44 ms (its I/O threads are C and never take the GIL); in a
-bare ASGI app with 64 concurrent clients, 2,000 requests/s against 3,800. The leader's own
+its 202, so this producer's round trip is the floor of a single-job request. kafka-python's
+sender thread runs Python under the node's GIL, beside its event loop; librdkafka's I/O
+threads are C and never take it. `bench/producer_bench.py` measures both on the same broker
+(BENCHMARKS.md, *The submit path*: several times shorter round trips, one record at a time or
+64 waiting at once). The leader's own
 clients (the read_committed reader, the transactional event log) stay on kafka-python: their
 fencing and transaction handling are what the rest of the project is tested against.
 
@@ -99,7 +99,7 @@ class SubmitProducer:
                 "enable.idempotence": True,
                 # No linger: a record goes out as soon as librdkafka's thread sees it, and
                 # whatever queued meanwhile (concurrent requests, a REST batch) rides in the
-                # same produce request. 1 ms of linger cost a sequential client 1.4 ms a call.
+                # same produce request. Any linger is added to every sequential call.
                 "linger.ms": 0,
                 "message.max.bytes": 16 * 1024 * 1024,
                 "message.timeout.ms": delivery_timeout_ms,

@@ -116,7 +116,8 @@ class ApiSettings(_Section):
     ports: list[int] = Field(default_factory=lambda: [8000, 8001], min_length=1)
     max_payload_bytes: int = Field(1_048_576, ge=1)
     access_log: bool = False
-    """uvicorn's line per request (off: it was 13% of a single-job request's CPU)."""
+    """uvicorn's line per request (off by default: a large share of a single-job request's
+    CPU, BENCHMARKS.md)."""
     advertise_url: str = Field("", pattern=r"^(https?://[^/\s]+)?$")
     """The base URL clients reach this node at (in the lease, in 307s); empty: http://host:port."""
 

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import KeyRing, Principal, Role
+from api.deps import bearer_principal
 from api.errors import ApiError, answer_for
 from api.node import Node
 from api.routes.jobs import accept, to_request
@@ -81,13 +82,16 @@ class SubmitFastPath:
         await send({"type": "http.response.body", "body": answer})
 
     def _principal(self, headers: dict[bytes, bytes]) -> Principal | None:
-        scheme, _, key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer" or not key:
+        """The caller if the route's dependencies would admit it (else the route refuses)."""
+        authorization = headers.get(b"authorization")
+        try:
+            # Starlette decodes header values as latin-1 too.
+            principal = bearer_principal(
+                self.keyring, None if authorization is None else authorization.decode("latin-1")
+            )
+        except ApiError:
             return None
-        principal = self.keyring.identify(key.strip())
-        if principal is None or not principal.can(Role.CLIENT):
-            return None
-        return principal
+        return principal if principal.can(Role.CLIENT) else None
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from bench import stats
 from dispatch.core import Assigned, CoreConfig, Dispatcher, SubmitRequest
 
 T0 = 1_700_000_000.0
@@ -43,22 +43,7 @@ GC_TUNED = (100_000, 50, 100)
 
 
 def machine() -> dict[str, Any]:
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "nproc": os.cpu_count(),
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "cpu": model,
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
+    return {**stats.machine(), "implementation": platform.python_implementation()}
 
 
 def rss_mb() -> float:
@@ -329,7 +314,7 @@ def report(results: dict[str, Any]) -> str:
     mem = results["memory"]
     lines = [
         f"machine: {m['nproc']} cores, {m['cpu']}, {m['implementation']} {m['python']}, "
-        f"load average at start {m['loadavg_at_start']}",
+        f"load average at start {m['load_average']}",
         f"baseline (dict insert + deque append/popleft + dict delete): "
         f"{1 / base:,.0f} jobs/s, {base * 1e9:.0f} ns/job",
         "submit+assign+ack cycles, one core:",

@@ -36,7 +36,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -45,6 +44,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench import stats
 from bench.peer_tasks.redis_server import RedisUnavailable, find_redis
 from bench.peer_tasks.runner import PeerResult, run_peers, tail
 
@@ -178,14 +178,6 @@ def run_dispatch(jobs: int, clients: int) -> DispatchResult:
 
 
 def machine(redis_version: str | None) -> dict[str, Any]:
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
 
     def version(package: str) -> str | None:
         try:
@@ -194,9 +186,7 @@ def machine(redis_version: str | None) -> dict[str, Any]:
             return None
 
     return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu": model,
-        "python": platform.python_version(),
+        **stats.machine(),
         "versions": {
             "celery": version("celery"),
             "kombu": version("kombu"),

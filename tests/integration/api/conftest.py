@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import uvicorn
+from kafka import KafkaConsumer
 
 from api.app import create_app
 from api.auth import KeyRing, ensure_dev_keys
@@ -19,6 +20,7 @@ from api.node import Node
 from api.server import uvicorn_config
 from dispatch.settings import Settings
 from dispatch.stack.ports import free_port
+from dispatch.submit_records import Rejection
 
 
 @dataclass
@@ -34,6 +36,47 @@ class RunningNode:
             headers={"Authorization": f"Bearer {self.keys[role]}"},
             timeout=timeout,
         )
+
+    def wait_known(self, job_id: str, timeout_s: float = 20.0) -> None:
+        """Until the leader consumed the job's record (a repeat is then answered as
+        existing, and the job can be read)."""
+        deadline = time.monotonic() + timeout_s
+        with self.client("admin") as admin:
+            while admin.get(f"/v1/jobs/{job_id}").status_code != 200:
+                assert time.monotonic() < deadline, f"{job_id} was never enqueued"
+                time.sleep(0.1)
+
+    def submitted_keys(self) -> list[bytes]:
+        """Every key in the submit topic, read to its end."""
+        consumer = KafkaConsumer(
+            self.settings.kafka.submit_topic,
+            bootstrap_servers=self.settings.kafka.bootstrap,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=3_000,
+        )
+        try:
+            return [record.key for record in consumer]
+        finally:
+            consumer.close()
+
+    def rejections(self, count: int) -> list[Rejection]:
+        """The first `count` rejection records of the rejected topic (committed ones)."""
+        consumer = KafkaConsumer(
+            self.settings.kafka.rejected_topic,
+            bootstrap_servers=self.settings.kafka.bootstrap,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            consumer_timeout_ms=20_000,
+        )
+        found: list[Rejection] = []
+        try:
+            for record in consumer:
+                found.append(Rejection.from_record_value(record.value))
+                if len(found) == count:
+                    break
+        finally:
+            consumer.close()
+        return found
 
 
 class _ThreadServer(uvicorn.Server):

@@ -8,9 +8,8 @@ import time
 
 import httpx
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 
-from dispatch.submit_records import Rejection
 from tests.integration.api.conftest import RunningNode, poll, poll_until
 
 
@@ -86,33 +85,14 @@ def test_malformed_records_land_in_the_rejected_topic_and_the_rest_go_on(
     producer.send(kafka.submit_topic, key=b"good-1", value=good).get(timeout=30)
     producer.close()
 
-    consumer = KafkaConsumer(
-        kafka.rejected_topic,
-        bootstrap_servers=kafka.bootstrap,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-        consumer_timeout_ms=20_000,
-    )
-    rejections = []
-    try:
-        for record in consumer:
-            rejections.append(Rejection.from_record_value(record.value))
-            if len(rejections) == len(bad):
-                break
-    finally:
-        consumer.close()
+    rejections = api_node.rejections(len(bad))
     assert sorted(rejection.value for rejection in rejections if rejection.value) == sorted(bad)
     reasons = " | ".join(rejection.reason for rejection in rejections)
     assert "not JSON" in reasons
     assert "exec" in reasons
     with api_node.client("admin") as admin:
         assert admin.get("/v1/jobs/good-1", params={"wait": 0}).status_code in (200, 404)
-        deadline = time.monotonic() + 20
-        while admin.get("/v1/jobs/good-1").status_code != 200:
-            assert time.monotonic() < deadline, (
-                "the good record after the bad ones was not enqueued"
-            )
-            time.sleep(0.1)
+    api_node.wait_known("good-1")  # the good record after the bad ones
 
 
 def test_a_duplicate_submission_yields_one_job(api_node: RunningNode) -> None:
@@ -270,37 +250,19 @@ def test_non_json_numbers_and_unreachable_ids_are_refused_with_422(
     assert answer.json()["detail"].startswith(detail)
 
 
-def _submitted_keys(api_node: RunningNode) -> list[bytes]:
-    """Every key in the submit topic, read to its end."""
-    kafka = api_node.settings.kafka
-    consumer = KafkaConsumer(
-        kafka.submit_topic,
-        bootstrap_servers=kafka.bootstrap,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=3_000,
-    )
-    try:
-        return [record.key for record in consumer]
-    finally:
-        consumer.close()
-
-
 def test_a_batch_with_an_id_taken_by_another_client_writes_none_of_its_jobs(
     api_node: RunningNode,
 ) -> None:
     with api_node.client("admin") as admin, api_node.client("client") as client:
         taken = admin.post("/v1/jobs", json={"id": "taken", "exec": "a.b", "client_id": "other"})
         assert taken.status_code == 202, taken.text
-        deadline = time.monotonic() + 20
-        while admin.get("/v1/jobs/taken").status_code != 200:
-            assert time.monotonic() < deadline, "the first job was never enqueued"
-            time.sleep(0.1)
+        api_node.wait_known("taken")
         batch = [{"id": "fresh-1", "exec": "a.b"}, {"id": "taken", "exec": "a.b"}]
         batch.append({"id": "fresh-2", "exec": "a.b"})
         refused = client.post("/v1/jobs:batch", json={"jobs": batch})
         assert refused.status_code == 409, refused.text
         assert refused.json() == {"error": "conflict", "detail": "job id 'taken' is taken"}
-        assert _submitted_keys(api_node) == [b"taken"]
+        assert api_node.submitted_keys() == [b"taken"]
         for job_id in ("fresh-1", "fresh-2"):
             assert admin.get(f"/v1/jobs/{job_id}").status_code == 404
 
@@ -322,23 +284,10 @@ def test_poison_records_are_rejected_and_the_leader_keeps_working(api_node: Runn
     producer.send(kafka.submit_topic, key=b"after", value=good).get(timeout=30)
     producer.close()
 
-    consumer = KafkaConsumer(
-        kafka.rejected_topic,
-        bootstrap_servers=kafka.bootstrap,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-        consumer_timeout_ms=20_000,
-    )
     reasons: dict[bytes, str] = {}
-    try:
-        for record in consumer:
-            rejection = Rejection.from_record_value(record.value)
-            assert rejection.key is not None
-            reasons[rejection.key] = rejection.reason
-            if len(reasons) == len(poison):
-                break
-    finally:
-        consumer.close()
+    for rejection in api_node.rejections(len(poison)):
+        assert rejection.key is not None
+        reasons[rejection.key] = rejection.reason
     assert reasons == {
         b"deep": "value: nested too deep to parse (a payload may nest 32 levels)",
         b"nan": "payload.x: NaN is not JSON",
@@ -347,9 +296,5 @@ def test_poison_records_are_rejected_and_the_leader_keeps_working(api_node: Runn
         b"d300": "payload: nested deeper than 32 levels",
     }
     assert reasons[b"a/b"].startswith("id: expected 1 to 128 of A-Z a-z 0-9")
-    with api_node.client("admin") as admin:
-        deadline = time.monotonic() + 20
-        while admin.get("/v1/jobs/after").status_code != 200:
-            assert time.monotonic() < deadline, "the good record after the poison was not enqueued"
-            time.sleep(0.1)
-        assert api_node.node.terms == 1, "a poison record ended the leader's term"
+    api_node.wait_known("after")  # the good record after the poison
+    assert api_node.node.terms == 1, "a poison record ended the leader's term"

@@ -12,36 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
-from kafka import KafkaConsumer
 
 from tests.integration.api.conftest import RunningNode
 
 pytestmark = pytest.mark.integration
 
 JSON = {"Content-Type": "application/json"}
-
-
-def _wait_known(admin: httpx.Client, job_id: str) -> None:
-    """Until the leader consumed the job's record (a repeat is then answered as existing)."""
-    deadline = time.monotonic() + 20
-    while admin.get(f"/v1/jobs/{job_id}").status_code != 200:
-        assert time.monotonic() < deadline, f"{job_id} was never enqueued"
-        time.sleep(0.1)
-
-
-def _submitted_keys(api_node: RunningNode) -> list[bytes]:
-    """Every key in the submit topic, read to its end."""
-    kafka = api_node.settings.kafka
-    consumer = KafkaConsumer(
-        kafka.submit_topic,
-        bootstrap_servers=kafka.bootstrap,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=3_000,
-    )
-    try:
-        return [record.key for record in consumer]
-    finally:
-        consumer.close()
 
 
 def test_a_submission_is_answered_202_queued_with_a_content_length(
@@ -53,21 +29,21 @@ def test_a_submission_is_answered_202_queued_with_a_content_length(
         assert answer.json() == {"id": "fast-1", "status": "queued", "existing": False}
         assert answer.headers["content-length"] == str(len(answer.content))
         assert answer.headers["content-type"] == "application/json"
-        _wait_known(admin, "fast-1")
+        api_node.wait_known("fast-1")
         job = admin.get("/v1/jobs/fast-1").json()
         assert (job["client_id"], job["exec"], job["payload"]) == ("dev", "a.b", [1])
 
         generated = client.post("/v1/jobs", json={"exec": "a.b"})
         assert generated.status_code == 202, generated.text
         assert len(generated.json()["id"]) == 32
-    assert sorted(_submitted_keys(api_node)) == sorted([b"fast-1", generated.json()["id"].encode()])
+    assert sorted(api_node.submitted_keys()) == sorted([b"fast-1", generated.json()["id"].encode()])
 
 
 def test_the_same_id_again_is_answered_200_with_the_existing_job(api_node: RunningNode) -> None:
     with api_node.client("client") as client, api_node.client("admin") as admin:
         first = client.post("/v1/jobs", json={"id": "again", "exec": "a.b", "payload": 1})
         assert first.status_code == 202, first.text
-        _wait_known(admin, "again")
+        api_node.wait_known("again")
         repeat = client.post("/v1/jobs", json={"id": "again", "exec": "a.b", "payload": 2})
         assert repeat.status_code == 200, repeat.text
         assert repeat.json() == {"id": "again", "status": "queued", "existing": True}
@@ -76,7 +52,7 @@ def test_the_same_id_again_is_answered_200_with_the_existing_job(api_node: Runni
         assert client.post("/v1/jobs?x=1", json={"id": "again", "exec": "a.b"}).json() == (
             repeat.json()
         )
-    assert _submitted_keys(api_node) == [b"again"]
+    assert api_node.submitted_keys() == [b"again"]
 
 
 def test_a_refused_field_is_named_as_the_batch_route_names_it(api_node: RunningNode) -> None:
@@ -94,7 +70,7 @@ def test_a_refused_field_is_named_as_the_batch_route_names_it(api_node: RunningN
             detail = one.json()["detail"]
             assert detail.startswith(f"body.{field_name}: "), detail
             assert detail == batch.json()["detail"].replace("body.jobs[0].", "body.")
-    assert _submitted_keys(api_node) == []
+    assert api_node.submitted_keys() == []
 
 
 @dataclass
@@ -181,7 +157,7 @@ def test_every_answer_is_the_one_the_route_gives(api_node: RunningNode) -> None:
     with api_node.client("admin") as admin:
         taken = admin.post("/v1/jobs", json={"id": "taken", "exec": "a.b", "client_id": "other"})
         assert taken.status_code == 202, taken.text
-        _wait_known(admin, "taken")
+        api_node.wait_known("taken")
     answers: dict[str, tuple[tuple[int, Any], tuple[int, Any]]] = {}
     for number, case in enumerate(CASES):
         fast = _answer(api_node, case, "", f"fast-{number}")
@@ -194,7 +170,7 @@ def test_every_answer_is_the_one_the_route_gives(api_node: RunningNode) -> None:
     # Only what was accepted was written to Kafka (a refusal, on either path, writes nothing).
     accepted = [n for n, case in enumerate(CASES) if case.status == 202]
     written = ["taken", *(f"{side}-{n}" for n in accepted for side in ("fast", "route"))]
-    assert sorted(_submitted_keys(api_node)) == sorted(key.encode() for key in written)
+    assert sorted(api_node.submitted_keys()) == sorted(key.encode() for key in written)
 
 
 def test_a_body_sent_in_several_chunks_is_accepted(api_node: RunningNode) -> None:
@@ -207,5 +183,5 @@ def test_a_body_sent_in_several_chunks_is_accepted(api_node: RunningNode) -> Non
         answer = client.post("/v1/jobs", content=chunks(), headers=JSON)
         assert answer.status_code == 202, answer.text
         assert answer.json() == {"id": "chunked", "status": "queued", "existing": False}
-        _wait_known(admin, "chunked")
+        api_node.wait_known("chunked")
         assert admin.get("/v1/jobs/chunked").json()["payload"] == [1, 2]

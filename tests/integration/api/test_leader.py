@@ -105,11 +105,7 @@ def test_a_new_leader_reads_on_where_the_log_says_though_the_group_offsets_lag(
                     producer.send(kafka.submit_topic, key=b"bad", value=b"{not json").get(30)
                 good = json.dumps({"id": job_id, "exec": "a.b", "payload": None}).encode()
                 producer.send(kafka.submit_topic, key=job_id.encode(), value=good).get(30)
-                with running.client("admin") as admin:
-                    deadline = time.monotonic() + 20
-                    while admin.get(f"/v1/jobs/{job_id}").status_code != 200:
-                        assert time.monotonic() < deadline, f"{job_id} was never enqueued"
-                        time.sleep(0.1)
+                running.wait_known(job_id)
             finally:
                 server.should_exit = True
                 thread.join(30)
@@ -152,10 +148,7 @@ def test_a_poison_events_record_is_skipped_by_the_rebuild_and_the_leader_serves(
         with running.client("client") as client:
             answer = client.post("/v1/jobs", json={"id": "after-poison", "exec": "a.b"})
             assert answer.status_code == 202
-            deadline = time.monotonic() + 20
-            while client.get("/v1/jobs/after-poison").status_code != 200:
-                assert time.monotonic() < deadline, "the leader never enqueued the job"
-                time.sleep(0.1)
+        running.wait_known("after-poison")
     finally:
         server.should_exit = True
         thread.join(30)

@@ -41,7 +41,8 @@ KAFKA_CALL_DEADLINE_S = 5.0
 """The longest any Kafka call of the leader's loop may block (a commit, a poll, a probe)."""
 
 BROKER_PROBE_TIMEOUT_MS = 500
-"""A probe of an idle loop (`SubmitReader.broker_answers`): a healthy broker answers in ~1 ms."""
+"""A probe of an idle loop (`SubmitReader.broker_answers`): a healthy broker answers in ~1 ms
+(on a connection of its own: see `SubmitReader`)."""
 
 RECONNECT_BACKOFF_MAX_MS = 500
 """The longest pause between two connection attempts to a broker that does not answer.
@@ -127,9 +128,18 @@ class SubmitReader:
             request_timeout_ms=int(KAFKA_CALL_DEADLINE_S * 1000),
             **RECONNECT,
         )
+        # The probe's own client: on the reader's connection, the probe's ListOffsets queued
+        # behind the long-poll fetch (a broker answers one request of a connection at a
+        # time), so each probe stalled the loop up to `fetch_max_wait_ms`.
+        self._probe = KafkaConsumer(
+            bootstrap_servers=kafka.bootstrap,
+            client_id=f"{client_id}-probe",
+            request_timeout_ms=int(KAFKA_CALL_DEADLINE_S * 1000),
+            **RECONNECT,
+        )
         partitions = self._consumer.partitions_for_topic(self.topic)
         if not partitions:
-            self._consumer.close()
+            self.close()
             raise RuntimeError(f"topic {self.topic!r} does not exist: run `dispatch up`")
         # Manual assignment, no group membership: there is one reader per group (the leader),
         # and a failover must not wait for a rebalance. The committed offsets still live in
@@ -169,7 +179,7 @@ class SubmitReader:
         """Whether the broker answers a small request (the end offsets of the submit
         partitions) within `BROKER_PROBE_TIMEOUT_MS`."""
         try:
-            self._consumer.end_offsets(self._partitions, timeout_ms=BROKER_PROBE_TIMEOUT_MS)
+            self._probe.end_offsets(self._partitions, timeout_ms=BROKER_PROBE_TIMEOUT_MS)
         except KafkaError:
             return False
         return True
@@ -182,6 +192,7 @@ class SubmitReader:
 
     def close(self) -> None:
         self._consumer.close()
+        self._probe.close()
 
 
 class EventLog:

@@ -68,8 +68,9 @@ PRUNE_EVERY_S = 60.0
 """How often finished jobs older than the dedup window are forgotten (memory stays bounded)."""
 
 BROKER_PROBE_EVERY_S = 1.0
-"""How often a loop that committed nothing asks the broker something (a bounded ListOffsets),
-so that `not_working` tells when the broker is gone even while there is nothing to do."""
+"""How often a loop the broker has not answered for that long (no commit, no fetched record)
+asks it something (a bounded ListOffsets), so that `not_working` tells when the broker is gone
+even while there is nothing to do."""
 
 GROUP_OFFSETS_EVERY_S = 1.0
 """How often the submit position also goes to the consumer group's offsets (for monitoring
@@ -484,6 +485,8 @@ class Leader:
     def _iterate_with(self, commands: list[Command]) -> None:
         assert self._reader is not None
         records = self._reader.poll(timeout_ms=0 if commands else IDLE_POLL_MS)
+        if records:
+            self.broker_answered = time.monotonic()  # a fetch's answer
         now = time.time()
         core = self.core
         events: list[Event] = []
@@ -512,7 +515,7 @@ class Leader:
             raise
         if committed:
             self.broker_answered = time.monotonic()
-        elif time.monotonic() >= self._next_probe:
+        elif self._probe_due():
             self._probe_broker()
         for command, own in decided:
             try:
@@ -557,6 +560,12 @@ class Leader:
             )
             rejections.append(rejection.to_record_value())
         return events
+
+    def _probe_due(self) -> bool:
+        # Only a loop the broker has not answered for a while asks: a busy loop hears from
+        # it at every commit, and a probe is a round trip the loop waits for.
+        at = time.monotonic()
+        return at >= self._next_probe and at - self.broker_answered >= BROKER_PROBE_EVERY_S
 
     def _probe_broker(self) -> None:
         """Ask the broker a bounded question, so that an idle loop notices a silent broker

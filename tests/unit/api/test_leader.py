@@ -6,6 +6,7 @@ import gc
 import math
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ import streaming.snapshot
 from api.kafka_log import SnapshotBehindLog
 from api.leader import (
     ACCEPT_LOG_GAP,
+    BROKER_PROBE_EVERY_S,
     Command,
     Leader,
     LeaderUnavailable,
@@ -298,6 +300,7 @@ class Reader:
     def __init__(self) -> None:
         self.position: dict[int, int] = {0: 0}
         self.answers = True
+        self.probes = 0
 
     def poll(self, timeout_ms: int) -> list[Any]:
         return []
@@ -306,6 +309,7 @@ class Reader:
         return False
 
     def broker_answers(self) -> bool:
+        self.probes += 1
         return self.answers
 
     def close(self) -> None:
@@ -408,6 +412,21 @@ def test_a_loop_that_stalls_or_whose_broker_is_silent_is_not_working(
     leader._next_probe = 0.0
     leader._iterate()
     assert leader.not_working() is None
+
+
+def test_a_loop_the_broker_answered_lately_does_not_wait_for_a_probe() -> None:
+    # A probe is a round trip the loop waits for: a loop that heard from the broker within
+    # the probe interval (a commit, a fetch) goes on without one.
+    leader, reader = serving_leader()
+    leader._next_probe = 0.0
+    leader.broker_answered = time.monotonic()
+    for _ in range(3):
+        leader._iterate()
+    assert reader.probes == 0
+    leader.broker_answered -= BROKER_PROBE_EVERY_S
+    leader._iterate()
+    leader._iterate()
+    assert reader.probes == 1  # then at most once per interval
 
 
 def test_stopping_a_leader_whose_loop_is_stuck_answers_every_waiting_request() -> None:

@@ -20,6 +20,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dispatch import fast_json
 from dispatch.core.events import Event, event_from_dict
 
 FORMAT_VERSION = 1
@@ -59,7 +60,7 @@ def encode_batches(
 
 
 def _encode(event: Event) -> bytes:
-    return json.dumps(event.to_dict(), separators=(",", ":")).encode()
+    return fast_json.dumps(event.to_dict())
 
 
 def _records(

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from dispatch import fast_json
 from dispatch.core.bounds import MAX_JSON_DEPTH
 from dispatch.core.commands import SubmitRequest
 
@@ -82,7 +83,7 @@ def parse_submit_record(
 
 def submit_record_value(submission: SubmitRequest) -> bytes:
     """The record value the REST path writes for a submission (key: the job id)."""
-    return json.dumps(submission.to_dict(), separators=(",", ":")).encode()
+    return fast_json.dumps(submission.to_dict())
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+import orjson
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
+from dispatch import fast_json
 from dispatch.client import (
     AsyncClient,
     Backoff,
@@ -214,7 +215,7 @@ class WebSocketTransport:
                 await self._send(message)
             async for raw in socket:
                 self.alive.heard()  # only what the server says counts as heard
-                self._on_message(json.loads(raw))
+                self._on_message(orjson.loads(raw))
         except ConnectionClosed as closed:
             log.info("worker %s: connection closed (%s)", self.runtime.worker_id, closed)
         except ValueError as error:
@@ -272,7 +273,7 @@ class WebSocketTransport:
         if socket is None:
             return False
         try:
-            await socket.send(json.dumps(message))
+            await socket.send(fast_json.dumps_text(message))
         except ConnectionClosed:
             return False
         return True

@@ -50,6 +50,7 @@ from api.hub import Hub, WorkerSession
 from api.leader import Answer, Command, Decide, Leader, LeaderUnavailable
 from api.node import Node
 from api.worker_sync import Held, rejoin
+from dispatch import fast_json
 from dispatch.core.bounds import MAX_JSON_DEPTH, check_json_value
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import Rejected
@@ -339,7 +340,7 @@ class _WorkerLoop:
         while True:
             await outbox.changed.wait()
             for assignment in hub.take(self.worker_id, session=self.session):
-                await self.socket.send_json({"type": "assign", **assignment})
+                await self.socket.send_text(fast_json.dumps_text({"type": "assign", **assignment}))
             if not outbox.items:
                 outbox.changed.clear()
 
@@ -422,7 +423,9 @@ async def _worker_message(
         return core.heartbeat(job_id, attempt, lease, now, worker_id=worker_id, owner=owner)
 
     status = await term.call(decide, lambda core, _events: _job_status(core, job_id))
-    await socket.send_json({"type": "settled", "id": job_id, "status": status, "of": kind})
+    await socket.send_text(
+        fast_json.dumps_text({"type": "settled", "id": job_id, "status": status, "of": kind})
+    )
 
 
 async def _acks(
@@ -462,7 +465,7 @@ async def _acks(
         return results
 
     results = await term.call(decide, answer)
-    await socket.send_json({"type": "settled_many", "results": results})
+    await socket.send_text(fast_json.dumps_text({"type": "settled_many", "results": results}))
 
 
 async def _serve_client(socket: WebSocket, term: _Term, principal: Principal) -> None:

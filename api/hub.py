@@ -66,9 +66,11 @@ class Outbox:
 class WorkerSession:
     """One open WebSocket serving a worker id (see `Hub.claim_worker`)."""
 
-    def __init__(self, worker_id: str, owner: str | None) -> None:
+    def __init__(self, worker_id: str, owner: str | None, *, batch: bool = False) -> None:
         self.worker_id = worker_id
         self.owner = owner
+        self.batch = batch
+        """The worker reads `assign_many` (its hello said so)."""
         self.replaced = asyncio.Event()
         """Set when a newer socket of the same worker took over: this one must close."""
 

@@ -267,7 +267,7 @@ class Load:
             url, additional_headers=headers, proxy=None, max_queue=None, compression=None
         ) as socket:
             hello = {"type": "hello", "role": "worker", "worker_id": worker_id,
-                     "subjects": ["job.assign.bench.>"]}  # fmt: skip
+                     "subjects": ["job.assign.bench.>"], "batch": True}  # fmt: skip
             await socket.send(json.dumps(hello))
             await socket.send(json.dumps({"type": "credit", "credits": credit}))
             ready.set()
@@ -287,9 +287,12 @@ class Load:
             try:
                 async for raw in socket:
                     message = json.loads(raw)
-                    if message["type"] == "assign":
-                        pending.append({"id": message["id"], "attempt": message["attempt"],
-                                        "lease": message["lease"], "result": None})  # fmt: skip
+                    if message["type"] == "assign_many":
+                        pending += [
+                            {"id": job["id"], "attempt": job["attempt"], "lease": job["lease"],
+                             "result": None}
+                            for job in message["assignments"]
+                        ]  # fmt: skip
                     elif message["type"] == "settled_many":
                         settled = len(message["results"])
                         self.completed += settled

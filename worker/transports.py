@@ -184,6 +184,8 @@ class WebSocketTransport:
             "subjects": runtime.subjects,
             "credits": runtime.free_slots,
             "held": held,
+            # Assignments committed together come as one `assign_many` message.
+            "batch": True,
         }
 
     async def run(self) -> None:
@@ -243,6 +245,10 @@ class WebSocketTransport:
         kind = message.get("type")
         if kind == "assign":
             self.runtime.accept(message)
+        elif kind == "assign_many":
+            for assignment in message.get("assignments") or []:
+                if isinstance(assignment, dict):
+                    self.runtime.accept(assignment)
         elif kind == "settled":
             if message.get("of") in ("ack", "fail"):
                 self._confirmed(str(message.get("id")))

@@ -5,24 +5,29 @@ set that header on a WebSocket, puts it in the hello instead (`"key": "<key>"`).
 URL: a query string ends up in access logs, so `?key=` is not read.
 
 First message `hello`: `{"type": "hello", "role": "worker", "worker_id", "subjects",
-"credits", "held"}` or `{"type": "hello", "role": "client"}`. A worker key serves jobs; a
+"credits", "held", "batch"}` or `{"type": "hello", "role": "client"}`. A worker key serves jobs; a
 client key (or admin) receives the results of its own client id only.
 
-Worker hello: `credits` (default 0) is how many jobs it can take now, `held` (default [])
-the attempts it holds as `[{id, attempt, lease}]` (running, or finished with the settlement
-not yet confirmed). The join makes the leader's view match (`api.worker_sync`): jobs the
-leader has on the worker that it does not hold are requeued, and the credit is set to
-`credits`. The worker id belongs to the key that registered it: another key's hello is
-refused (`forbidden`, close 1008). One socket serves a worker id: a newer socket of the same
-key replaces the older, which is closed (1008, `replaced`) and does not lose the worker.
+Worker hello: `credits` (default 0) is how many jobs it can take now, `held` (default []) the
+attempts it holds as `[{id, attempt, lease}]` (running, or finished with the settlement not yet
+confirmed), `batch` (default false) whether it reads `assign_many`. The join makes the leader's
+view match (`api.worker_sync`): jobs the leader has on the worker that it does not hold are
+requeued, and the credit is set to `credits`. The worker id belongs to the key that registered
+it: another key's hello is refused (`forbidden`, close 1008). One socket serves a worker id: a
+newer socket of the same key replaces the older, which is closed (1008, `replaced`) and does
+not lose the worker.
 
 A worker then sends `credit {credits}` (additive), `withdraw` (credit to 0: no more
 assignments), `ack {id, attempt, lease, result}`, `fail {id, attempt, lease, error,
 retryable}`, `heartbeat {id, attempt, lease}`, `ping` (answered `pong`) and `acks {acks: [{id,
 attempt, lease, result}, ...]}` (many at once, answered by one `settled_many {results: [{id,
 status} | {id, error, detail}]}`); it receives `assign {id, exec, payload, attempt, deadline,
-lease}` and `settled {id, status}`. A worker stays known while its socket is open (the node
-heartbeats for it) and is lost at once when the socket closes: its jobs are requeued.
+lease}` and `settled {id, status}`. A worker whose hello said `batch: true` receives
+`assign_many {assignments: [assign without its type, ...]}` instead: whatever was committed for
+it at once, in one message (one frame, one write: per message, the node spent more time in the
+WebSocket send path than the leader spent deciding). A worker stays known while its socket is
+open (the node heartbeats for it) and is lost at once when the socket closes: its jobs are
+requeued.
 
 A client receives `result {...job}` for each of its jobs that ends. Errors come as
 `error {error, detail}`.
@@ -104,6 +109,33 @@ async def _receive(socket: WebSocket) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise _Protocol("expected a JSON object")
     return message
+
+
+ASSIGN_MANY_MAX_BYTES = 256 * 1024
+"""An `assign_many` message holds assignments up to about this size (one larger assignment
+goes alone): well under the 1 MiB a WebSocket client accepts by default."""
+
+
+def assign_many_messages(assignments: list[dict[str, Any]]) -> list[str]:
+    """`assign_many` messages carrying `assignments` in order, each of at most
+    `ASSIGN_MANY_MAX_BYTES` unless a single assignment is larger."""
+    messages: list[str] = []
+    chunk: list[bytes] = []
+    size = 0
+    for assignment in assignments:
+        encoded = fast_json.dumps(assignment)
+        if chunk and size + len(encoded) > ASSIGN_MANY_MAX_BYTES:
+            messages.append(_assign_many(chunk))
+            chunk, size = [], 0
+        chunk.append(encoded)
+        size += len(encoded) + 1
+    if chunk:
+        messages.append(_assign_many(chunk))
+    return messages
+
+
+def _assign_many(encoded: list[bytes]) -> str:
+    return (b'{"type":"assign_many","assignments":[' + b",".join(encoded) + b"]}").decode()
 
 
 class _Term:
@@ -234,9 +266,12 @@ async def _serve_worker(
     if isinstance(credits, bool) or not isinstance(credits, int):
         raise _Protocol("hello.credits: expected int")
     held = _held(hello)
+    batch = hello.get("batch", False)
+    if not isinstance(batch, bool):
+        raise _Protocol("hello.batch: expected a boolean")
     owner = owner_of(principal)
     hub = term.hub
-    session = WorkerSession(worker_id, owner)
+    session = WorkerSession(worker_id, owner, batch=batch)
     # Claimed before the join commits: the older socket takes nothing meant for this one.
     previous = hub.claim_worker(session)
     try:
@@ -339,8 +374,14 @@ class _WorkerLoop:
         outbox = hub.outbox(self.worker_id)
         while True:
             await outbox.changed.wait()
-            for assignment in hub.take(self.worker_id, session=self.session):
-                await self.socket.send_text(fast_json.dumps_text({"type": "assign", **assignment}))
+            taken = hub.take(self.worker_id, session=self.session)
+            if self.session.batch:
+                for message in assign_many_messages(taken):
+                    await self.socket.send_text(message)
+            else:
+                for assignment in taken:
+                    single = {"type": "assign", **assignment}
+                    await self.socket.send_text(fast_json.dumps_text(single))
             if not outbox.items:
                 outbox.changed.clear()
 

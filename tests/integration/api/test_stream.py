@@ -325,3 +325,42 @@ def test_a_new_socket_of_the_same_worker_requeues_what_it_does_not_hold(
             ack = {"type": "ack", "id": "kept", "attempt": 1, "lease": kept["lease"]}
             second.send(json.dumps(ack))
             assert _receive(second, "settled")["status"] == "succeeded"
+
+
+def test_a_worker_that_reads_batches_gets_what_was_committed_together_in_one_message(
+    api_node: RunningNode,
+) -> None:
+    ids = [f"batched-{n}" for n in range(3)]
+    with _socket(api_node, "worker") as worker:
+        hello = {"type": "hello", "role": "worker", "worker_id": "ws-batch",
+                 "subjects": ["job.assign.batched.>"], "batch": True}  # fmt: skip
+        worker.send(json.dumps(hello))
+        _receive(worker, "welcome")
+        with api_node.client("client") as client:
+            for job_id in ids:
+                body = {"id": job_id, "exec": "batched.job", "payload": job_id}
+                assert client.post("/v1/jobs", json=body).status_code == 202
+        for job_id in ids:
+            api_node.wait_known(job_id)
+        # Credit for all three at once: the leader assigns them in one iteration.
+        worker.send(json.dumps({"type": "credit", "credits": 3}))
+        message = _receive(worker, "assign_many")
+        assignments = message["assignments"]
+        assert sorted(a["id"] for a in assignments) == ids
+        assert {a["payload"] for a in assignments} == set(ids)
+        acks = [{"id": a["id"], "attempt": a["attempt"], "lease": a["lease"], "result": 1}
+                for a in assignments]  # fmt: skip
+        worker.send(json.dumps({"type": "acks", "acks": acks}))
+        results = _receive(worker, "settled_many")["results"]
+        assert sorted((r["id"], r["status"]) for r in results) == [
+            (job_id, "succeeded") for job_id in ids
+        ]
+
+
+def test_a_hello_whose_batch_is_not_a_boolean_is_refused_by_name(api_node: RunningNode) -> None:
+    with _socket(api_node, "worker") as worker:
+        hello = {"type": "hello", "role": "worker", "worker_id": "ws-batch-bad",
+                 "subjects": ["job.assign.>"], "batch": "yes"}  # fmt: skip
+        worker.send(json.dumps(hello))
+        error = _receive(worker, "error")
+        assert "hello.batch" in error["detail"]

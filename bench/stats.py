@@ -32,10 +32,39 @@ def cpu_model() -> str:
 
 def machine() -> dict[str, Any]:
     """Where a figure was measured: cores, CPU, Python, and the load average now (a figure
-    taken at load 4 on 2 cores is not comparable with one at load 0.5)."""
+    taken at load 4 on 2 cores is not comparable with one at load 0.5), with the CPU time
+    counters that `steal_percent` compares."""
     return {
         "nproc": os.cpu_count(),
         "cpu": cpu_model(),
         "python": platform.python_version(),
         "load_average": [round(value, 2) for value in os.getloadavg()],
+        "cpu_ticks": cpu_ticks(),
     }
+
+
+def cpu_ticks() -> dict[str, int]:
+    """All CPUs' time counters since boot (`/proc/stat`, in clock ticks); empty elsewhere."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return {}
+    if not fields or fields[0] != "cpu":
+        return {}
+    names = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    return dict(zip(names, (int(value) for value in fields[1:9]), strict=False))
+
+
+def steal_percent(before: dict[str, Any], after: dict[str, Any]) -> float | None:
+    """The share of CPU time the hypervisor gave to other guests between two `machine()`
+    readings, in percent (None when not known). This virtual machine's speed varies with
+    its neighbours: the same bench measured 3x apart on one day, with steal up to 66%."""
+    start: dict[str, int] = before.get("cpu_ticks") or {}
+    end: dict[str, int] = after.get("cpu_ticks") or {}
+    if "steal" not in start or "steal" not in end:
+        return None
+    total = sum(end.values()) - sum(start.values())
+    if total <= 0:
+        return None
+    return round(100 * (end["steal"] - start["steal"]) / total, 1)

@@ -204,6 +204,7 @@ def bench(
     import json
 
     from bench.e2e import run_bench
+    from bench.stats import steal_percent
 
     result = run_bench(
         _settings(), jobs=jobs, workers=workers, batch=batch, payload_bytes=payload_bytes,
@@ -221,6 +222,9 @@ def bench(
         "load average",
         f"{machine['load_average']} before, {result.machine_after['load_average']} after",
     )
+    steal = steal_percent(machine, result.machine_after)
+    if steal is not None:
+        table.add_row("CPU stolen by other guests", f"{steal:.1f}% during the run")
     table.add_row("jobs / workers / batch / clients", f"{jobs} / {workers} / {batch} / {clients}")
     table.add_row("warm-up (not counted)", f"{warmup_jobs} jobs")
     asked = f"{rate:g} jobs/s asked (open loop)" if rate else "closed loop"

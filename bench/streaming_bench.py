@@ -7,13 +7,27 @@
 Everything runs on a temporary broker (free ports) and a temporary warehouse.
 
 **Freshness.** A leader emulator (a process of its own, so it does not share this process's
-GIL) runs the pure dispatcher core at `--rate` jobs/s: every 10 ms it submits the jobs due,
-assigns them to workers with plenty of credit and acks those assigned `--run-s` ago, and
-writes what that tick decided as one `dispatch.events` record (as the leader's transactions
-do), plus one `dispatch.submit` record per job. The streaming application runs in this
+GIL) runs the pure dispatcher core at `--rate` jobs/s: every 10 ms it submits the jobs due by
+then (job i is due i / rate after its start, so a late tick catches up), assigns them to
+workers and acks those assigned `--run-s` ago, and writes what that tick decided to
+`dispatch.events` (one record, or several of at most 4 MiB each when the tick is large, in
+order, without a transaction), plus one `dispatch.submit` record per job. Its core's cap on
+jobs in flight per client (5 clients) is twice what `--rate` keeps in flight even with ticks
+30 s late, and every worker gets credit for the whole rate for as long, so neither limits the
+rate: what it submits, it assigns and completes. The streaming application runs in this
 process with its production options. Afterwards the events topic is read back: an event is
 visible in `jobs` when the first `jobs` commit whose recorded offsets cover its record is
 committed, so freshness = that commit's timestamp - the event's `at` (same clock).
+
+The measured run (after `--warmup`) is cut into 10 s windows, each with the jobs submitted
+(`enqueued`), assigned and completed per second, counted from the events read back, the
+freshness of its events, the emulator's worst lag (how long after its due time a job was
+submitted) and how long its records took to be acknowledged. The result states the rate asked
+for and the rate measured (submitted/s over the run), and names every shortfall and who could
+not keep up: the emulator, when submitted/s falls more than 5% below the rate asked, assigned
+or completed/s more than 5% below submitted/s, or its lag or its records' wait passes 1 s;
+the fold, when it needs more than 10 s after the emulator stopped to read the rest, or its
+freshness grew over the run.
 
 **MERGE cost.** For each history size H, a fresh `jobs` table gets H finished jobs (bulk
 written, then compacted, as a long-running table would be) and a backlog of queued jobs; then
@@ -26,25 +40,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
+import math
 import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.config import CoreConfig
-from dispatch.core.dispatcher import Dispatcher
-from dispatch.core.events import Assigned, Event, JobEvent
-from dispatch.event_records import decode_batch, encode_batch
+from dispatch.core.dispatcher import MAX_CREDITS, Dispatcher
+from dispatch.core.events import Assigned, Completed, Enqueued, Event
+from dispatch.event_records import MAX_RECORD_BYTES, encode_batch, encode_batches
 from dispatch.settings import Settings, load_settings
 from dispatch.settings import with_namespace as namespace_settings
-from dispatch.stack.broker import Broker, create_topics
+from dispatch.stack.broker import TOPIC_MAX_MESSAGE_BYTES, Broker, create_topics
 from dispatch.stack.ports import free_port
 from dispatch.submit_records import submit_record_value
 
@@ -54,18 +73,60 @@ if TYPE_CHECKING:
 GROUP = "default"
 TICK_S = 0.01
 EXECS = ("image.resize", "image.crop", "text.index", "mail.send")
+CLIENTS = 5
+WORKERS = 8
+CREDIT_EVERY_S = 1.0
+WINDOW_S = 10.0
+KEEP_UP = 0.95
+"""A measured rate more than 5% below the one it should equal is a shortfall."""
+LAG_SLACK_S = 30.0
+"""How far behind schedule the emulator may fall before its cap or credit could bind."""
+EMULATOR_LATE_S = 1.0
+"""An emulator lag (or a wait for the broker's acknowledgement) beyond this is reported."""
+FOLD_CATCH_UP_S = 10.0
+"""A fold that keeps up reads the rest within a few batches after the load stops."""
+CATCH_UP_WAIT_S = 120.0
+
+RECORD_MAX_BYTES = MAX_RECORD_BYTES
+"""What the leader aims at per events record (a tick of a late emulator can hold megabytes)."""
+PRODUCER: dict[str, Any] = {
+    "acks": "all",
+    # Idempotence keeps a tick's records in order through retries, which is all the fold
+    # needs of records written without a transaction.
+    "enable_idempotence": True,
+    "linger_ms": 5,
+    "batch_size": 256 * 1024,
+    # kafka-python refuses records over 1 MiB by default; the topics take 16 MiB.
+    "max_request_size": TOPIC_MAX_MESSAGE_BYTES,
+}
 
 
 # --- the leader emulator ---------------------------------------------------------------------
 
 
+def in_flight_cap(rate: float, run_s: float, clients: int = CLIENTS) -> int:
+    """A per-client cap that never limits `rate`: twice the jobs a client keeps in flight at
+    that rate, counting `LAG_SLACK_S` more than `run_s`, since a late tick acks late too (a
+    late emulator is reported as such, not hidden behind its cap)."""
+    return max(1, math.ceil(2 * rate * (run_s + LAG_SLACK_S) / clients))
+
+
+def worker_credit(rate: float) -> int:
+    """Credit per worker per grant: each worker alone could take the whole rate until the
+    next grant, however late it comes (within `LAG_SLACK_S`), so credit never limits it."""
+    return min(MAX_CREDITS, max(1, math.ceil(rate * (CREDIT_EVERY_S + LAG_SLACK_S))))
+
+
 class Emulator:
     """The pure core driven like the leader drives it, one tick at a time."""
 
-    def __init__(self, workers: int = 8, prefix: str = "job") -> None:
-        self.core = Dispatcher(
-            CoreConfig(ack_timeout_s=600.0, max_ack_timeout_s=600.0, worker_expiry_s=None)
-        )
+    def __init__(
+        self, workers: int = WORKERS, prefix: str = "job", *, cap: int | None = None
+    ) -> None:
+        config = CoreConfig(ack_timeout_s=600.0, max_ack_timeout_s=600.0, worker_expiry_s=None)
+        if cap is not None:
+            config = dataclasses.replace(config, default_cap=cap)
+        self.core = Dispatcher(config)
         self.prefix = prefix
         self.next_id = 0
         self.assigned: list[tuple[float, str, int, str]] = []
@@ -88,7 +149,7 @@ class Emulator:
                     id=f"{self.prefix}-{index}",
                     exec=EXECS[index % len(EXECS)],
                     payload={"n": index},
-                    client_id=f"client-{index % 5}",
+                    client_id=f"client-{index % CLIENTS}",
                 )
             )
         return out
@@ -122,6 +183,46 @@ class Emulator:
         return events
 
 
+class Load:
+    """What the leader emulator decides at `rate` jobs/s from `started` on, tick by tick (the
+    clock is the caller's, so tests can drive it)."""
+
+    def __init__(self, rate: float, run_s: float, started: float) -> None:
+        self.rate = rate
+        self.run_s = run_s
+        self.started = started
+        self.cap = in_flight_cap(rate, run_s)
+        self.credit = worker_credit(rate)
+        self.emulator = Emulator(cap=self.cap)
+        self.submitted = 0
+        self.next_credit = started
+        self.lag_s = 0.0
+        """How long after its due time the oldest job of the last step was submitted."""
+
+    def start(self) -> list[Event]:
+        return self.emulator.start(self.started)
+
+    def step(self, now: float) -> tuple[list[SubmitRequest], list[Event]]:
+        """The jobs due by `now` and the events of submitting them, of fresh credit (every
+        `CREDIT_EVERY_S`) and of the acks due."""
+        events: list[Event] = []
+        if now >= self.next_credit:
+            events += self.emulator.credit(now, self.credit)
+            self.next_credit = now + CREDIT_EVERY_S
+        due = int((now - self.started) * self.rate) - self.submitted
+        first_due = self.started + (self.submitted + 1) / self.rate
+        self.lag_s = max(0.0, now - first_due) if due > 0 else 0.0
+        requests = self.emulator.requests(max(0, due))
+        self.submitted += len(requests)
+        events += self.emulator.tick(now, requests, now - self.run_s)
+        return requests, events
+
+
+def tick_records(events: Sequence[Event], max_bytes: int = RECORD_MAX_BYTES) -> list[bytes]:
+    """A tick's events as `dispatch.events` records of at most `max_bytes` each, in order."""
+    return encode_batches(GROUP, 1, events, max_bytes)
+
+
 def emulate_leader(
     bootstrap: str,
     submit_topic: str,
@@ -129,41 +230,47 @@ def emulate_leader(
     rate: float,
     run_s: float,
     duration_s: float,
+    stats_path: str,
 ) -> None:
-    """The leader emulator's process: `rate` jobs/s for `duration_s`, as described above."""
+    """The leader emulator's process: `rate` jobs/s for `duration_s`, as described above; its
+    own timings go to `stats_path` (JSON) at the end."""
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=5, batch_size=256 * 1024
-    )
-    emulator = Emulator()
-    started = time.time()
-    producer.send(
-        events_topic, key=GROUP.encode(), value=encode_batch(GROUP, 1, emulator.start(started))
-    )
-    submitted = 0
-    next_credit = 0.0
+    producer = KafkaProducer(bootstrap_servers=bootstrap, **PRODUCER)
+    load = Load(rate, run_s, time.time())
+    ticks: list[tuple[float, float, float]] = []
+    """(tick time, lag, busy seconds) of every tick."""
+    written: list[tuple[float, float]] = []
+    """(tick time, seconds until the broker acknowledged the tick's last events record)."""
+
+    def write(events: list[Event], now: float) -> None:
+        for record in tick_records(events):
+            future = producer.send(events_topic, key=GROUP.encode(), value=record)
+        future.add_callback(lambda _: written.append((now, time.time() - now)))
+
+    write(load.start(), load.started)
     while True:
         now = time.time()
-        elapsed = now - started
-        if elapsed >= duration_s:
+        if now - load.started >= duration_s:
             break
-        events: list[Event] = []
-        if now >= next_credit:
-            # Workers that always have room: credit is not what this benchmark measures.
-            events += emulator.credit(now, per_worker=int(rate * (run_s + 2)))
-            next_credit = now + 1.0
-        due = int(elapsed * rate) - submitted
-        requests = emulator.requests(max(0, due))
-        submitted += len(requests)
+        requests, events = load.step(now)
         for request in requests:
             producer.send(submit_topic, key=request.id.encode(), value=submit_record_value(request))
-        events += emulator.tick(now, requests, now - run_s)
         if events:
-            producer.send(events_topic, key=GROUP.encode(), value=encode_batch(GROUP, 1, events))
-        time.sleep(max(0.0, TICK_S - (time.time() - now)))
+            write(events, now)
+        busy = time.time() - now
+        ticks.append((now, load.lag_s, busy))
+        time.sleep(max(0.0, TICK_S - busy))
     producer.flush()
     producer.close()
+    stats = {
+        "started": load.started,
+        "cap_per_client": load.cap,
+        "credit_per_worker": load.credit,
+        "ticks": ticks,
+        "written": written,
+    }
+    Path(stats_path).write_text(json.dumps(stats))
 
 
 # --- infrastructure ----------------------------------------------------------------------------
@@ -210,14 +317,168 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 # --- freshness ---------------------------------------------------------------------------------
 
+COUNTED = {Enqueued.type: "submitted", Assigned.type: "assigned", Completed.type: "completed"}
+"""The event types counted, and what they count."""
+
+SeenEvent = tuple[str, float, float | None]
+"""(type, at, when it became visible in `jobs`, None if never) of one job event."""
+
+
+@dataclass
+class Window:
+    """One window of the measured run."""
+
+    start_s: float
+    """From the start of the measured run."""
+    length_s: float
+    jobs: dict[str, int]
+    """Jobs submitted, assigned and completed in the window."""
+    submitted_per_s: float
+    assigned_per_s: float
+    completed_per_s: float
+    freshness_s: dict[str, float]
+    """Of the job events of the window (by their `at`)."""
+    not_visible: int
+    """Job events of the window no `jobs` commit covered."""
+    emulator_lag_max_s: float = 0.0
+    """The longest a job of the window waited past its due time to be submitted."""
+    write_p95_s: float = 0.0
+    """How long the emulator's events records of the window took to be acknowledged."""
+
+
+def windows_of(
+    events: Iterable[SeenEvent], start: float, end: float, window_s: float = WINDOW_S
+) -> list[Window]:
+    """The job events with `start <= at < end`, counted and measured per `window_s` (the last
+    window may be shorter)."""
+    count = max(1, math.ceil((end - start) / window_s))
+    counts: Counter[tuple[int, str]] = Counter()
+    samples: list[list[float]] = [[] for _ in range(count)]
+    hidden = [0] * count
+    for kind, at, visible in events:
+        if not start <= at < end:
+            continue
+        index = min(count - 1, int((at - start) // window_s))
+        name = COUNTED.get(kind)
+        if name is not None:
+            counts[index, name] += 1
+        if visible is None:
+            hidden[index] += 1
+        else:
+            samples[index].append(visible - at)
+    out = []
+    for index in range(count):
+        length = min(window_s, end - start - index * window_s)
+        jobs = {name: counts[index, name] for name in COUNTED.values()}
+        per_s = {name: round(n / length, 1) for name, n in jobs.items()}
+        out.append(
+            Window(
+                start_s=index * window_s,
+                length_s=round(length, 3),
+                jobs=jobs,
+                submitted_per_s=per_s["submitted"],
+                assigned_per_s=per_s["assigned"],
+                completed_per_s=per_s["completed"],
+                freshness_s=percentiles(samples[index]),
+                not_visible=hidden[index],
+            )
+        )
+    return out
+
+
+def add_emulator_lag(
+    windows: list[Window],
+    ticks: Sequence[Sequence[float]],
+    written: Sequence[Sequence[float]],
+    start: float,
+) -> None:
+    """Each window's worst emulator lag and p95 write time, from the emulator's stats."""
+    for window in windows:
+        begin, end = start + window.start_s, start + window.start_s + window.length_s
+        lags = [tick[1] for tick in ticks if begin <= tick[0] < end]
+        writes = [item[1] for item in written if begin <= item[0] < end]
+        window.emulator_lag_max_s = round(max(lags, default=0.0), 3)
+        window.write_p95_s = percentiles(writes).get("p95", 0.0)
+
+
+def shortfalls(
+    rate_asked: float,
+    submitted_per_s: float,
+    assigned_per_s: float,
+    completed_per_s: float,
+    windows: Sequence[Window],
+    emulator_lag_max_s: float,
+    emulator_write_p95_s: float,
+    fold_catch_up_s: float | None,
+) -> list[str]:
+    """Every way the run fell short of the rate asked for, each saying who could not keep
+    up; [] when none did."""
+    out = []
+    emulator = "the emulator could not keep up"
+    late = emulator_lag_max_s > EMULATOR_LATE_S
+    if submitted_per_s < KEEP_UP * rate_asked:
+        out.append(f"submitted {submitted_per_s:.0f}/s < {rate_asked:.0f}/s asked: {emulator}")
+    if late:
+        out.append(
+            f"{emulator}: jobs were submitted up to {emulator_lag_max_s:.2f} s after their "
+            "due time (the load came in bursts, the acks late)"
+        )
+    if emulator_write_p95_s > EMULATOR_LATE_S:
+        out.append(
+            f"{emulator}: its records took {emulator_write_p95_s:.2f} s (p95) to reach the "
+            "broker, and freshness includes that wait"
+        )
+    for name, value in (("assigned", assigned_per_s), ("completed", completed_per_s)):
+        if value < KEEP_UP * submitted_per_s:
+            why = "its ticks fell behind" if late else "its core's cap or credit limited it"
+            out.append(
+                f"{name} {value:.0f}/s < {submitted_per_s:.0f}/s submitted: {emulator} ({why})"
+            )
+    short = [
+        f"{w.start_s:g} s"
+        for w in windows
+        if min(w.assigned_per_s, w.completed_per_s) < KEEP_UP * w.submitted_per_s
+    ]
+    if short:
+        out.append(
+            f"windows where assigned or completed/s < 95% of submitted/s: {', '.join(short)}"
+        )
+    if fold_catch_up_s is None or fold_catch_up_s > FOLD_CATCH_UP_S:
+        needed = f"over {CATCH_UP_WAIT_S:g}" if fold_catch_up_s is None else f"{fold_catch_up_s:g}"
+        out.append(
+            f"the fold could not keep up: it needed {needed} s after the emulator stopped to "
+            "read the rest"
+        )
+    measured = [w.freshness_s["p50"] for w in windows if w.freshness_s]
+    if len(measured) >= 2 and measured[-1] > 2 * measured[0] + 1.0:
+        out.append(
+            f"the fold fell behind: freshness p50 grew from {measured[0]:.2f} s (first "
+            f"window) to {measured[-1]:.2f} s (last)"
+        )
+    return out
+
 
 @dataclass
 class FreshnessResult:
-    rate: float
+    rate_asked: float
+    rate_measured: float
+    """Jobs submitted per second over the measured run, counted from the log."""
+    assigned_per_s: float
+    completed_per_s: float
+    kept_up: bool
+    shortfalls: list[str]
     duration_s: float
     warmup_s: float
+    run_s: float
     jobs_submitted: int
+    jobs_assigned: int
+    jobs_completed: int
     freshness_s: dict[str, float]
+    events_not_visible: int
+    windows: list[Window]
+    emulator: dict[str, Any]
+    fold_catch_up_s: float | None
+    """From the emulator's end until the fold had read everything; None: not within the wait."""
     batches: int
     batch_s: dict[str, float]
     steps_median_s: dict[str, float]
@@ -244,8 +505,8 @@ def commits_of(warehouse: Path, events_topic: str) -> list[tuple[float, dict[int
     return out
 
 
-def event_times(settings: Settings) -> list[tuple[int, int, list[float]]]:
-    """(partition, offset, [at of each job event]) of every events record."""
+def read_events(settings: Settings) -> list[tuple[int, int, list[tuple[str, float]]]]:
+    """(partition, offset, [(type, at) of each job event]) of every events record."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(
@@ -262,15 +523,29 @@ def event_times(settings: Settings) -> list[tuple[int, int, list[float]]]:
     while any(consumer.position(p) < end[p] for p in partitions):
         for batch in consumer.poll(timeout_ms=500).values():
             for record in batch:
-                events = decode_batch(record.value).events
-                out.append(
-                    (
-                        record.partition,
-                        record.offset,
-                        [e.at for e in events if isinstance(e, JobEvent)],
-                    )
-                )
+                # The emulator's own records: plain JSON suffices (decode_batch's checks
+                # would double the read-back of a long run).
+                events = orjson.loads(record.value)["events"]
+                jobs = [(e["type"], e["at"]) for e in events if "job_id" in e]
+                out.append((record.partition, record.offset, jobs))
     consumer.close()
+    return out
+
+
+def seen_events(
+    records: Iterable[tuple[int, int, list[tuple[str, float]]]],
+    commits: Sequence[tuple[float, dict[int, int]]],
+) -> list[SeenEvent]:
+    """Every job event with the time of the first `jobs` commit covering its record."""
+    out: list[SeenEvent] = []
+    position, current = 0, None
+    for partition, offset, events in sorted(records, key=lambda item: (item[0], item[1])):
+        if partition != current:
+            position, current = 0, partition
+        while position < len(commits) and commits[position][1].get(partition, 0) <= offset:
+            position += 1
+        visible = commits[position][0] if position < len(commits) else None
+        out.extend((kind, at, visible) for kind, at in events)
     return out
 
 
@@ -281,12 +556,16 @@ def freshness(
     duration_s: float,
     warmup_s: float,
     optimize_every_s: float,
+    run_s: float = 1.0,
 ) -> FreshnessResult:
     from streaming.app import StreamOptions, start
+    from streaming.lag import streaming_lag
     from streaming.maintenance import MaintenancePolicy
 
     settings = with_namespace(settings, f"fresh-{int(rate)}", settings.paths.var.parent)
     kafka = settings.kafka
+    stats_path = settings.paths.var / "leader-emulator.json"
+    stats_path.parent.mkdir(parents=True, exist_ok=True)
     leader = multiprocessing.get_context("spawn").Process(
         target=emulate_leader,
         args=(
@@ -294,35 +573,61 @@ def freshness(
             kafka.submit_topic,
             kafka.events_topic,
             rate,
-            1.0,
+            run_s,
             duration_s + warmup_s,
+            str(stats_path),
         ),
         daemon=True,
     )
     options = StreamOptions(maintenance=MaintenancePolicy(optimize_every_s=optimize_every_s))
     query, writer = start(settings, spark, options=options)
     leader.start()
-    began = time.time()
-    leader.join(duration_s + warmup_s + 120)
-    # Let the stream catch up with the tail, then stop.
-    deadline = time.monotonic() + 120
-    from streaming.lag import streaming_lag
-
-    while time.monotonic() < deadline and any(streaming_lag(settings).values()):
+    leader.join(warmup_s)
+    warm_batches = max((h.batch_id for h in writer.history), default=-1)
+    leader.join(duration_s + 120)
+    stopped = time.monotonic()
+    caught_up: float | None = None
+    while time.monotonic() < stopped + CATCH_UP_WAIT_S:
+        if not any(streaming_lag(settings).values()):
+            caught_up = round(time.monotonic() - stopped, 1)
+            break
         time.sleep(1.0)
     query.stop()
-    commits = commits_of(settings.paths.warehouse, kafka.events_topic)
-    samples: list[float] = []
-    measured_from = began + warmup_s
-    position = 0
-    for partition, offset, ats in sorted(event_times(settings), key=lambda item: item[1]):
-        while position < len(commits) and commits[position][1].get(partition, 0) <= offset:
-            position += 1
-        if position == len(commits):
-            break
-        visible = commits[position][0]
-        samples.extend(visible - at for at in ats if at >= measured_from)
-    history = [h for h in writer.history if h.total_s > 0]
+    if leader.exitcode != 0 or not stats_path.exists():
+        raise RuntimeError(f"the leader emulator failed (exit code {leader.exitcode})")
+    stats = json.loads(stats_path.read_text())
+    measured_from = stats["started"] + warmup_s
+    measured_to = stats["started"] + warmup_s + duration_s
+    seen = seen_events(
+        read_events(settings), commits_of(settings.paths.warehouse, kafka.events_topic)
+    )
+    windows = windows_of(seen, measured_from, measured_to)
+    add_emulator_lag(windows, stats["ticks"], stats["written"], measured_from)
+    totals = Counter[str]()
+    for window in windows:
+        totals.update(window.jobs)
+    per_s = {name: round(totals[name] / duration_s, 1) for name in COUNTED.values()}
+    in_run = [tick for tick in stats["ticks"] if measured_from <= tick[0] < measured_to]
+    emulator = {
+        "cap_per_client": stats["cap_per_client"],
+        "credit_per_worker": stats["credit_per_worker"],
+        "lag_s": percentiles([tick[1] for tick in in_run]),
+        "busy_fraction": round(sum(tick[2] for tick in in_run) / duration_s, 3),
+        "write_s": percentiles(
+            [w[1] for w in stats["written"] if measured_from <= w[0] < measured_to]
+        ),
+    }
+    problems = shortfalls(
+        rate,
+        per_s["submitted"],
+        per_s["assigned"],
+        per_s["completed"],
+        windows,
+        emulator["lag_s"].get("max", 0.0),
+        emulator["write_s"].get("p95", 0.0),
+        caught_up,
+    )
+    history = [h for h in writer.history if h.total_s > 0 and h.batch_id > warm_batches]
     steps = (
         "collect_s",
         "fold_s",
@@ -333,15 +638,31 @@ def freshness(
         "maintenance_s",
     )
     return FreshnessResult(
-        rate=rate,
+        rate_asked=rate,
+        rate_measured=per_s["submitted"],
+        assigned_per_s=per_s["assigned"],
+        completed_per_s=per_s["completed"],
+        kept_up=not problems,
+        shortfalls=problems,
         duration_s=duration_s,
         warmup_s=warmup_s,
-        jobs_submitted=int(rate * (duration_s + warmup_s)),
-        freshness_s=percentiles(samples),
+        run_s=run_s,
+        jobs_submitted=totals["submitted"],
+        jobs_assigned=totals["assigned"],
+        jobs_completed=totals["completed"],
+        freshness_s=percentiles(
+            [v - at for _, at, v in seen if v is not None and measured_from <= at < measured_to]
+        ),
+        events_not_visible=sum(w.not_visible for w in windows),
+        windows=windows,
+        emulator=emulator,
+        fold_catch_up_s=caught_up,
         batches=len(history),
         batch_s=percentiles([h.total_s for h in history]),
         steps_median_s={
-            step: round(statistics.median(getattr(h, step) for h in history), 3) for step in steps
+            step: round(statistics.median(getattr(h, step) for h in history), 3)
+            for step in steps
+            if history
         },
         records_per_batch_median=statistics.median(h.records for h in history) if history else 0,
         rollup_runs=sum(1 for h in history if h.rollup_s > 0),
@@ -349,6 +670,40 @@ def freshness(
         maintenance_runs=sum(1 for h in history if h.maintenance_steps),
         maintenance_s=percentiles([h.maintenance_s for h in history if h.maintenance_steps]),
     )
+
+
+def describe(result: FreshnessResult) -> str:
+    """The freshness result for a reader: the rates, a line per window, the verdict."""
+    r, f, e = result, result.freshness_s, result.emulator
+    head = ("window", "subm/s", "assig/s", "compl/s", "p50", "p95", "p99", "max", "unseen")
+    lines = [
+        f"freshness run: {r.rate_asked:,.0f} jobs/s asked; measured {r.rate_measured:,.1f} "
+        f"submitted/s, {r.assigned_per_s:,.1f} assigned/s, {r.completed_per_s:,.1f} completed/s "
+        f"over {r.duration_s:g} s after {r.warmup_s:g} s of warm-up (jobs run {r.run_s:g} s)",
+        " ".join(f"{name:>8}" for name in head) + "  emu lag  write p95",
+    ]
+    for w in r.windows:
+        cells = [f"{w.start_s:>6g} s"]
+        cells += [f"{v:>8,.1f}" for v in (w.submitted_per_s, w.assigned_per_s, w.completed_per_s)]
+        cells += [f"{w.freshness_s.get(k, math.nan):>8.2f}" for k in ("p50", "p95", "p99", "max")]
+        cells += [f"{w.not_visible:>8}", f"{w.emulator_lag_max_s:>8.3f}", f"{w.write_p95_s:>10.3f}"]
+        lines.append(" ".join(cells))
+    caught_up = (
+        f"{r.fold_catch_up_s:g} s after the emulator stopped"
+        if r.fold_catch_up_s is not None
+        else f"NOT within {CATCH_UP_WAIT_S:.0f} s"
+    )
+    lines += [
+        f"freshness p50 / p95 / p99 / max: {f.get('p50')} / {f.get('p95')} / {f.get('p99')} / "
+        f"{f.get('max')} s over {f.get('n', 0):,} events ({r.events_not_visible} never visible)",
+        f"emulator: cap {e['cap_per_client']:,}/client, credit {e['credit_per_worker']:,}/worker,"
+        f" busy {e['busy_fraction']:.0%}, lag p95 {e['lag_s'].get('p95')} s, max "
+        f"{e['lag_s'].get('max')} s; events records acknowledged p95 {e['write_s'].get('p95')} s",
+        f"fold: {r.batches} batches, p50 {r.batch_s.get('p50')} s, p95 {r.batch_s.get('p95')} s, "
+        f"median {r.records_per_batch_median:g} records; caught up {caught_up}",
+        "kept up: yes" if r.kept_up else "kept up: NO\n  " + "\n  ".join(r.shortfalls),
+    ]
+    return "\n".join(lines)
 
 
 # --- MERGE cost against history -----------------------------------------------------------------
@@ -534,6 +889,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=1000.0, help="jobs/s of the freshness run")
     parser.add_argument("--duration", type=float, default=120.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds before measuring")
+    parser.add_argument("--run-s", type=float, default=1.0, help="seconds each job runs")
     parser.add_argument(
         "--optimize-every", type=float, default=600.0, help="compaction interval (s)"
     )
@@ -557,10 +913,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if not args.skip_freshness:
                 fresh = freshness(
-                    spark, settings, args.rate, args.duration, args.warmup, args.optimize_every
+                    spark,
+                    settings,
+                    args.rate,
+                    args.duration,
+                    args.warmup,
+                    args.optimize_every,
+                    args.run_s,
                 )
                 results["freshness"] = asdict(fresh)
-                print(json.dumps(results["freshness"], indent=1), flush=True)
+                print(describe(fresh), flush=True)
             if not args.skip_merge:
                 merges = []
                 for size in (int(part) for part in args.history.split(",") if part):

@@ -106,9 +106,19 @@ class KafkaSettings(_Section):
 
 class SparkSettings(_Section):
     master: str = "local[2]"
+    """`local[N]` runs everything in the driver's JVM; `spark://host:port` uses a standalone
+    cluster (docs/streaming.md, "Running on a Spark cluster")."""
     shuffle_partitions: int = Field(2, ge=1)
     ui_enabled: bool = False
     driver_memory: str = Field("2g", pattern=r"^[0-9]+[mMgG]$")
+    driver_host: str = Field("127.0.0.1", min_length=1)
+    """The address executors reach the driver at: on a cluster of several machines, one the
+    workers can route to (loopback only works when every worker is on this machine)."""
+    driver_bind_address: str = Field("127.0.0.1", min_length=1)
+    """The interface the driver listens on (0.0.0.0: all of them)."""
+    executor_memory: str = Field("1g", pattern=r"^[0-9]+[mMgG]$")
+    """Heap of each executor on a cluster; it must fit a worker's --memory. Unused by
+    `local[N]` masters (the driver is the executor there)."""
 
 
 class ApiSettings(_Section):

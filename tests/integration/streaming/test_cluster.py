@@ -1,0 +1,189 @@
+"""The unchanged streaming application (`dispatch streaming`, its own process) on a Spark
+standalone cluster: a master and two workers on loopback, the session's Kafka broker, a real
+leader writing the log. The tables must equal the leader's state, and the master must show
+the application with an executor on each worker.
+
+The fold itself still computes on the driver (streaming/batch.py); the executors read Kafka
+and write Delta files. Showing fold tasks on both executors is later work (issue 15).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake.exceptions import TableNotFoundError
+from kafka import KafkaProducer
+
+from api.leader import Leader
+from dispatch.settings import Settings, to_environment
+from dispatch.stack.local import DISPATCH
+from dispatch.stack.process import ManagedProcess
+from streaming import tables as t
+from streaming.app import QUERY_NAME
+from streaming.snapshot import latest_snapshot
+from tests.integration.api.conftest import poll_until, short_timeouts
+from tests.integration.streaming.conftest import delta_rs_rows, jobs_of, replay_after
+from tests.integration.streaming.spark_cluster import HOST, SparkCluster, spark_cluster
+from tests.integration.streaming.test_leader_e2e import (
+    committed_rejections,
+    node_running,
+    settle,
+)
+
+pytestmark = pytest.mark.integration
+
+EXECUTOR_MEMORY = "512m"
+"""Half a worker's 1g: two executors, a driver, the broker and the test fit a small machine."""
+
+
+def on_cluster(settings: Settings, master_url: str) -> Settings:
+    """The same settings with the fold pointed at the cluster (what DISPATCH_SPARK__MASTER etc.
+    do for `dispatch streaming`)."""
+    spark = settings.spark.model_copy(
+        update={
+            "master": master_url,
+            "driver_host": HOST,
+            "driver_bind_address": HOST,
+            "executor_memory": EXECUTOR_MEMORY,
+            "driver_memory": "1g",
+        }
+    )
+    return settings.model_copy(update={"spark": spark})
+
+
+def drive_leader(settings: Settings) -> Leader:
+    """test_leader_e2e's scenario (acked, failed and retried, cancelled, dead, one rejected
+    submit); returns the stopped leader, whose state is exactly what it logged."""
+    with (
+        node_running(settings) as node,
+        node.client("admin") as admin,
+        node.client("worker") as worker,
+    ):
+        for job_id, extra in (
+            ("d1", {"max_attempts": 1}), ("ok1", {}), ("ok2", {}), ("f1", {}),
+            ("c1", {}), ("c2", {}),
+        ):  # fmt: skip
+            accepted = admin.post("/v1/jobs", json={"id": job_id, "exec": "a.b", **extra})
+            assert accepted.status_code == 202, accepted.text
+        first = {str(a["id"]): a for a in poll_until(worker, "w1", ["job.assign.a.b"], 4)}
+        assert set(first) == {"d1", "ok1", "ok2", "f1"}
+        settle(worker, "ok1", first["ok1"], "ack")
+        settle(worker, "ok2", first["ok2"], "ack")
+        settle(worker, "f1", first["f1"], "fail")
+        assert admin.delete("/v1/jobs/c2").status_code == 200
+        second = {str(a["id"]): a for a in poll_until(worker, "w1", ["job.assign.a.b"], 2)}
+        assert set(second) == {"f1", "c1"}
+        for job_id, assignment in second.items():
+            settle(worker, job_id, assignment, "ack")
+        deadline = time.monotonic() + 20
+        while admin.get("/v1/jobs/d1").json()["status"] != "dead":
+            assert time.monotonic() < deadline, "d1 never timed out"
+            time.sleep(0.2)
+        producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
+        producer.send(settings.kafka.submit_topic, key=b"bad", value=b"{oops")
+        producer.flush()
+        producer.close()
+        committed_rejections(settings, 1)
+        leader = node.node.leader()
+    deadline = time.monotonic() + 30
+    while leader.running:
+        assert time.monotonic() < deadline, "the leader did not stop"
+        time.sleep(0.1)
+    return leader
+
+
+def _tables(settings: Settings) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """The jobs (as the core's records) and rejected rows, read with delta-rs: the test needs
+    no Spark of its own, all of Spark here is the application under test."""
+    try:
+        return jobs_of(delta_rs_rows(settings, t.JOBS)), delta_rs_rows(settings, t.REJECTED)
+    except TableNotFoundError:
+        return {}, []  # the application has not created its tables yet
+
+
+def wait_for_tables(
+    settings: Settings,
+    expected: dict[str, dict[str, Any]],
+    epoch: int,
+    streaming: ManagedProcess,
+    timeout_s: float = 90.0,
+) -> None:
+    """Until the running application has folded everything the leader logged."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert streaming.exit_code() is None, f"streaming exited:\n{streaming.log_tail(40)}"
+        jobs, rejected = _tables(settings)
+        snapshot = latest_snapshot(settings.paths.warehouse, settings.dispatcher.group)
+        if jobs == expected and rejected and snapshot and snapshot.fence_epoch == epoch:
+            return
+        if time.monotonic() > deadline:
+            assert jobs == expected, f"tables never matched:\n{streaming.log_tail(40)}"
+            raise AssertionError(f"no rejection or snapshot:\n{streaming.log_tail(40)}")
+        time.sleep(1.0)
+
+
+def registered_app(cluster: SparkCluster, timeout_s: float = 30.0) -> dict[str, Any]:
+    """The application's entry among the master's active applications."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        active: list[dict[str, Any]] = cluster.master_state()["activeapps"]
+        apps = [app for app in active if app["name"] == QUERY_NAME]
+        if apps:
+            [app] = apps
+            return app
+        assert time.monotonic() < deadline, f"not registered:\n{cluster.log_tails()}"
+        time.sleep(0.5)
+
+
+def executors_on_each_worker(
+    cluster: SparkCluster, app_id: str, timeout_s: float = 30.0
+) -> list[list[dict[str, Any]]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        executors = cluster.executors_by_worker(app_id)
+        if all(executors):
+            return executors
+        assert time.monotonic() < deadline, f"executors per worker: {executors}"
+        time.sleep(0.5)
+
+
+def test_the_application_runs_on_a_standalone_cluster(topics: Settings, tmp_path: Path) -> None:
+    leader_settings = short_timeouts(topics)
+    with spark_cluster(tmp_path / "spark") as cluster:
+        settings = on_cluster(leader_settings, cluster.master_url)
+        streaming = ManagedProcess("streaming", tmp_path / "run", tmp_path / "streaming.log")
+        # The application is started as the stack starts it: settings by environment only.
+        environment = {**os.environ, **to_environment(settings), "SPARK_LOCAL_IP": HOST}
+        try:
+            streaming.start([DISPATCH, "streaming"], env=environment)
+            # The leader runs while the application starts (both take a while on 2 cores).
+            leader = drive_leader(leader_settings)
+            expected = {job.id: job.to_dict() for job in leader.core.jobs()}
+            wait_for_tables(settings, expected, leader.core.epoch, streaming)
+            app = registered_app(cluster)
+            executors = executors_on_each_worker(cluster, str(app["id"]))
+        finally:
+            streaming.stop(timeout_s=60.0)
+        assert streaming.exit_code() == 0, streaming.log_tail(40)
+
+        statuses = {job_id: job["status"] for job_id, job in expected.items()}
+        assert statuses == {
+            "d1": "dead", "ok1": "succeeded", "ok2": "succeeded", "f1": "succeeded",
+            "c1": "succeeded", "c2": "cancelled",
+        }  # fmt: skip
+        jobs, [rejected] = _tables(settings)
+        assert jobs == expected
+        assert rejected["job_id"] == "bad" and rejected["value"] == b"{oops"
+        snapshot = latest_snapshot(settings.paths.warehouse, settings.dispatcher.group)
+        assert snapshot is not None and snapshot.fence_epoch == leader.core.epoch
+        assert {job.id: job.to_dict() for job in replay_after(settings, snapshot).jobs()} == (
+            expected
+        )
+        # One executor per worker, each with the configured heap (the master's view of it).
+        assert [len(on_worker) for on_worker in executors] == [1, 1], executors
+        assert all(on_worker[0]["memory"] == 512 for on_worker in executors), executors
+        assert app["memoryperexecutor"] == 512, app

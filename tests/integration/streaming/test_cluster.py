@@ -16,23 +16,17 @@ from typing import Any
 
 import pytest
 from deltalake.exceptions import TableNotFoundError
-from kafka import KafkaProducer
 
-from api.leader import Leader
 from dispatch.settings import Settings, to_environment
 from dispatch.stack.local import DISPATCH
 from dispatch.stack.process import ManagedProcess
 from streaming import tables as t
 from streaming.app import QUERY_NAME
 from streaming.snapshot import latest_snapshot
-from tests.integration.api.conftest import poll_until, short_timeouts
+from tests.integration.api.conftest import short_timeouts
 from tests.integration.streaming.conftest import delta_rs_rows, jobs_of, replay_after
 from tests.integration.streaming.spark_cluster import HOST, SparkCluster, spark_cluster
-from tests.integration.streaming.test_leader_e2e import (
-    committed_rejections,
-    node_running,
-    settle,
-)
+from tests.integration.streaming.test_leader_e2e import drive_leader
 
 pytestmark = pytest.mark.integration
 
@@ -53,47 +47,6 @@ def on_cluster(settings: Settings, master_url: str) -> Settings:
         }
     )
     return settings.model_copy(update={"spark": spark})
-
-
-def drive_leader(settings: Settings) -> Leader:
-    """test_leader_e2e's scenario (acked, failed and retried, cancelled, dead, one rejected
-    submit); returns the stopped leader, whose state is exactly what it logged."""
-    with (
-        node_running(settings) as node,
-        node.client("admin") as admin,
-        node.client("worker") as worker,
-    ):
-        for job_id, extra in (
-            ("d1", {"max_attempts": 1}), ("ok1", {}), ("ok2", {}), ("f1", {}),
-            ("c1", {}), ("c2", {}),
-        ):  # fmt: skip
-            accepted = admin.post("/v1/jobs", json={"id": job_id, "exec": "a.b", **extra})
-            assert accepted.status_code == 202, accepted.text
-        first = {str(a["id"]): a for a in poll_until(worker, "w1", ["job.assign.a.b"], 4)}
-        assert set(first) == {"d1", "ok1", "ok2", "f1"}
-        settle(worker, "ok1", first["ok1"], "ack")
-        settle(worker, "ok2", first["ok2"], "ack")
-        settle(worker, "f1", first["f1"], "fail")
-        assert admin.delete("/v1/jobs/c2").status_code == 200
-        second = {str(a["id"]): a for a in poll_until(worker, "w1", ["job.assign.a.b"], 2)}
-        assert set(second) == {"f1", "c1"}
-        for job_id, assignment in second.items():
-            settle(worker, job_id, assignment, "ack")
-        deadline = time.monotonic() + 20
-        while admin.get("/v1/jobs/d1").json()["status"] != "dead":
-            assert time.monotonic() < deadline, "d1 never timed out"
-            time.sleep(0.2)
-        producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
-        producer.send(settings.kafka.submit_topic, key=b"bad", value=b"{oops")
-        producer.flush()
-        producer.close()
-        committed_rejections(settings, 1)
-        leader = node.node.leader()
-    deadline = time.monotonic() + 30
-    while leader.running:
-        assert time.monotonic() < deadline, "the leader did not stop"
-        time.sleep(0.1)
-    return leader
 
 
 def _tables(settings: Settings) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
+from api.leader import Leader
 from dispatch.settings import Settings
 from streaming import tables as t
 from streaming.snapshot import latest_snapshot
@@ -68,11 +69,11 @@ def settle(worker: httpx.Client, job_id: str, assignment: dict[str, object], how
     assert answer.status_code == 200, answer.text
 
 
-def test_the_tables_equal_a_real_leaders_state(
-    leader_settings: Settings, spark: SparkSession
-) -> None:
+def drive_leader(settings: Settings) -> Leader:
+    """test_leader_e2e's scenario (acked, failed and retried, cancelled, dead, one rejected
+    submit); returns the stopped leader, whose state is exactly what it logged."""
     with (
-        node_running(leader_settings) as node,
+        node_running(settings) as node,
         node.client("admin") as admin,
         node.client("worker") as worker,
     ):
@@ -92,22 +93,27 @@ def test_the_tables_equal_a_real_leaders_state(
         assert set(second) == {"f1", "c1"}
         for job_id, assignment in second.items():
             settle(worker, job_id, assignment, "ack")
-        # d1 is never acked: its only attempt times out into the dead-letter queue.
         deadline = time.monotonic() + 20
         while admin.get("/v1/jobs/d1").json()["status"] != "dead":
             assert time.monotonic() < deadline, "d1 never timed out"
             time.sleep(0.2)
-        producer = KafkaProducer(bootstrap_servers=leader_settings.kafka.bootstrap)
-        producer.send(leader_settings.kafka.submit_topic, key=b"bad", value=b"{oops")
+        producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
+        producer.send(settings.kafka.submit_topic, key=b"bad", value=b"{oops")
         producer.flush()
         producer.close()
-        committed_rejections(leader_settings, 1)
+        committed_rejections(settings, 1)
         leader = node.node.leader()
-    # Stopped, the leader's state is exactly what its last commit logged.
     deadline = time.monotonic() + 30
     while leader.running:
         assert time.monotonic() < deadline, "the leader did not stop"
         time.sleep(0.1)
+    return leader
+
+
+def test_the_tables_equal_a_real_leaders_state(
+    leader_settings: Settings, spark: SparkSession
+) -> None:
+    leader = drive_leader(leader_settings)
     node_settings = leader_settings
     expected = {job.id: job.to_dict() for job in leader.core.jobs()}
 

@@ -56,7 +56,15 @@ def target_of(scope: Scope) -> str:
 
 
 def _field(location: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in location)
+    """`("body", "jobs", 0, "exec")` -> `body.jobs[0].exec`: list positions in brackets, as
+    the routes' own refusals name them (`body.jobs[3]`), so one field has one name."""
+    name = ""
+    for part in location:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        else:
+            name += f".{part}" if name else str(part)
+    return name
 
 
 def answer_for(error: Exception, scope: Scope) -> JSONResponse | None:

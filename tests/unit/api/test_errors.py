@@ -1,9 +1,16 @@
-"""The follower's Location header: the request as the client sent it, always encoded."""
+"""The follower's Location header (the request as the client sent it, always encoded), and
+how a validation refusal names its fields."""
 
 from __future__ import annotations
 
+import asyncio
+
+import httpx
+from fastapi import FastAPI
+from pydantic import BaseModel
 from starlette.requests import Request
 
+from api import errors
 from api.errors import target_of
 
 
@@ -28,3 +35,31 @@ def test_raw_bytes_that_no_header_may_hold_are_percent_encoded() -> None:
 def test_without_a_raw_path_the_decoded_path_is_encoded() -> None:
     request = Request({"type": "http", "method": "GET", "path": "/v1/jobs/é", "headers": []})
     assert target_of(request.scope) == "/v1/jobs/%C3%A9"
+
+
+class Job(BaseModel):
+    exec: str
+
+
+class Batch(BaseModel):
+    jobs: list[Job]
+
+
+def test_a_validation_refusal_names_list_positions_as_the_routes_do() -> None:
+    # The routes' own refusals say `body.jobs[1].exec`; FastAPI's validation must not say
+    # `body.jobs.1.exec` for the same field.
+    app = FastAPI()
+    errors.install(app)
+
+    @app.post("/batch")
+    async def batch(body: Batch) -> int:
+        return len(body.jobs)
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
+            return await client.post("/batch", json={"jobs": [{"exec": "a"}, {"exec": 5}]})
+
+    answer = asyncio.run(post())
+    assert answer.status_code == 422
+    assert answer.json()["fields"] == ["body.jobs[1].exec: Input should be a valid string"]

@@ -27,7 +27,7 @@ from confluent_kafka import Producer
 from kafka import KafkaProducer
 
 from bench.e2e import broker_for
-from bench.stats import machine, percentiles
+from bench.stats import machine, percentiles, steal_percent
 from dispatch.settings import Settings
 from dispatch.stack.broker import create_topics
 
@@ -148,13 +148,17 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"machine: {result['machine_before']}")
+    before = result["machine_before"]
+    print(f"machine: {before['nproc']} cores, {before['cpu']}, Python {before['python']}, "
+          f"load {before['load_average']}")  # fmt: skip
     for name, modes in result["clients"].items():
         for mode, figures in modes.items():
             trip = figures["round_trip_ms"]
             print(f"{name:24} {mode:15} {figures['records_per_s']:>9,.0f} records/s  "
                   f"round trip p50 {trip['p50']} ms p99 {trip['p99']} ms")  # fmt: skip
-    print(f"load after: {result['machine_after']['load_average']}")
+    steal = steal_percent(before, result["machine_after"])
+    print(f"load after: {result['machine_after']['load_average']}; CPU stolen by other guests "
+          f"during the run: {steal if steal is not None else 'unknown'}%")  # fmt: skip
 
 
 if __name__ == "__main__":

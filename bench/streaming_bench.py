@@ -6,28 +6,28 @@
 
 Everything runs on a temporary broker (free ports) and a temporary warehouse.
 
-**Freshness.** A leader emulator (a process of its own, so it does not share this process's
-GIL) runs the pure dispatcher core at `--rate` jobs/s: every 10 ms it submits the jobs due by
-then (job i is due i / rate after its start, so a late tick catches up), assigns them to
-workers and acks those assigned `--run-s` ago, and writes what that tick decided to
-`dispatch.events` (one record, or several of at most 4 MiB each when the tick is large, in
-order, without a transaction), plus one `dispatch.submit` record per job. Its core's cap on
-jobs in flight per client (5 clients) is twice what `--rate` keeps in flight even with ticks
-30 s late, and every worker gets credit for the whole rate for as long, so neither limits the
-rate: what it submits, it assigns and completes. The streaming application runs in this
+**Freshness.** A leader emulator (`bench/leader_emulator.py`, a process of its own, so it does
+not share this process's GIL) runs the pure dispatcher core at `--rate` jobs/s: every 10 ms it
+submits the jobs due by then (job i is due i / rate after its start, so a late tick catches
+up), assigns them to workers and acks those assigned `--run-s` ago, and writes what that tick
+decided to `dispatch.events` (one record, or several of at most 4 MiB each when the tick is
+large, in order, without a transaction), plus one `dispatch.submit` record per job. Its core's
+cap on jobs in flight per client (5 clients) is twice what `--rate` keeps in flight even with
+ticks 30 s late, and every worker gets credit for the whole rate for as long, so neither limits
+the rate: what it submits, it assigns and completes. The streaming application runs in this
 process with its production options. Afterwards the events topic is read back: an event is
 visible in `jobs` when the first `jobs` commit whose recorded offsets cover its record is
 committed, so freshness = that commit's timestamp - the event's `at` (same clock).
 
-The measured run (after `--warmup`) is cut into 10 s windows, each with the jobs submitted
-(`enqueued`), assigned and completed per second, counted from the events read back, the
-freshness of its events, the emulator's worst lag (how long after its due time a job was
-submitted) and how long its records took to be acknowledged. The result states the rate asked
-for and the rate measured (submitted/s over the run), and names every shortfall and who could
-not keep up: the emulator, when submitted/s falls more than 5% below the rate asked, assigned
-or completed/s more than 5% below submitted/s, or its lag or its records' wait passes 1 s;
-the fold, when it needs more than 10 s after the emulator stopped to read the rest, or its
-freshness grew over the run.
+The measured run (after `--warmup`) is cut into 10 s windows (`bench/freshness_windows.py`),
+each with the jobs submitted (`enqueued`), assigned and completed per second, counted from the
+events read back, the freshness of its events, the emulator's worst lag (how long after its due
+time a job was submitted) and how long its records took to be acknowledged. The result states
+the rate asked for and the rate measured (submitted/s over the run), and names every shortfall
+and who could not keep up: the emulator, when submitted/s falls more than 5% below the rate
+asked, assigned or completed/s more than 5% below submitted/s, or its lag or its records' wait
+passes 1 s; the fold, when it needs more than 10 s after the emulator stopped to read the rest,
+or its freshness grew over the run.
 
 **MERGE cost.** For each history size H, a fresh `jobs` table gets H finished jobs (bulk
 written, then compacted, as a long-running table would be) and a backlog of queued jobs; then
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import math
 import multiprocessing
@@ -56,221 +55,26 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from dispatch.core.commands import SubmitRequest
-from dispatch.core.config import CoreConfig
-from dispatch.core.dispatcher import MAX_CREDITS, Dispatcher
-from dispatch.core.events import Assigned, Completed, Enqueued, Event
-from dispatch.event_records import MAX_RECORD_BYTES, encode_batch, encode_batches
+from bench.freshness_windows import (
+    CATCH_UP_WAIT_S,
+    COUNTED,
+    SeenEvent,
+    Window,
+    add_emulator_lag,
+    percentiles,
+    shortfalls,
+    windows_of,
+)
+from bench.leader_emulator import EXECS, GROUP, Emulator, emulate_leader
+from dispatch.core.events import Event
+from dispatch.event_records import encode_batch
 from dispatch.settings import Settings, load_settings
 from dispatch.settings import with_namespace as namespace_settings
-from dispatch.stack.broker import TOPIC_MAX_MESSAGE_BYTES, Broker, create_topics
+from dispatch.stack.broker import Broker, create_topics
 from dispatch.stack.ports import free_port
-from dispatch.submit_records import submit_record_value
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-GROUP = "default"
-TICK_S = 0.01
-EXECS = ("image.resize", "image.crop", "text.index", "mail.send")
-CLIENTS = 5
-WORKERS = 8
-CREDIT_EVERY_S = 1.0
-WINDOW_S = 10.0
-KEEP_UP = 0.95
-"""A measured rate more than 5% below the one it should equal is a shortfall."""
-LAG_SLACK_S = 30.0
-"""How far behind schedule the emulator may fall before its cap or credit could bind."""
-EMULATOR_LATE_S = 1.0
-"""An emulator lag (or a wait for the broker's acknowledgement) beyond this is reported."""
-FOLD_CATCH_UP_S = 10.0
-"""A fold that keeps up reads the rest within a few batches after the load stops."""
-CATCH_UP_WAIT_S = 120.0
-
-RECORD_MAX_BYTES = MAX_RECORD_BYTES
-"""What the leader aims at per events record (a tick of a late emulator can hold megabytes)."""
-PRODUCER: dict[str, Any] = {
-    "acks": "all",
-    # Idempotence keeps a tick's records in order through retries, which is all the fold
-    # needs of records written without a transaction.
-    "enable_idempotence": True,
-    "linger_ms": 5,
-    "batch_size": 256 * 1024,
-    # kafka-python refuses records over 1 MiB by default; the topics take 16 MiB.
-    "max_request_size": TOPIC_MAX_MESSAGE_BYTES,
-}
-
-
-# --- the leader emulator ---------------------------------------------------------------------
-
-
-def in_flight_cap(rate: float, run_s: float, clients: int = CLIENTS) -> int:
-    """A per-client cap that never limits `rate`: twice the jobs a client keeps in flight at
-    that rate, counting `LAG_SLACK_S` more than `run_s`, since a late tick acks late too (a
-    late emulator is reported as such, not hidden behind its cap)."""
-    return max(1, math.ceil(2 * rate * (run_s + LAG_SLACK_S) / clients))
-
-
-def worker_credit(rate: float) -> int:
-    """Credit per worker per grant: each worker alone could take the whole rate until the
-    next grant, however late it comes (within `LAG_SLACK_S`), so credit never limits it."""
-    return min(MAX_CREDITS, max(1, math.ceil(rate * (CREDIT_EVERY_S + LAG_SLACK_S))))
-
-
-class Emulator:
-    """The pure core driven like the leader drives it, one tick at a time."""
-
-    def __init__(
-        self, workers: int = WORKERS, prefix: str = "job", *, cap: int | None = None
-    ) -> None:
-        config = CoreConfig(ack_timeout_s=600.0, max_ack_timeout_s=600.0, worker_expiry_s=None)
-        if cap is not None:
-            config = dataclasses.replace(config, default_cap=cap)
-        self.core = Dispatcher(config)
-        self.prefix = prefix
-        self.next_id = 0
-        self.assigned: list[tuple[float, str, int, str]] = []
-        """(when, job id, attempt, lease) of assignments not acked yet, oldest first."""
-        self.workers = [f"w{index}" for index in range(workers)]
-
-    def start(self, now: float) -> list[Event]:
-        events = self.core.begin_epoch(1, now, holder="bench")
-        for worker in self.workers:
-            events += self.core.join(worker, ["job.assign.>"], now)
-        return events
-
-    def requests(self, count: int) -> list[SubmitRequest]:
-        out = []
-        for _ in range(count):
-            index = self.next_id
-            self.next_id += 1
-            out.append(
-                SubmitRequest(
-                    id=f"{self.prefix}-{index}",
-                    exec=EXECS[index % len(EXECS)],
-                    payload={"n": index},
-                    client_id=f"client-{index % CLIENTS}",
-                )
-            )
-        return out
-
-    def credit(self, now: float, per_worker: int) -> list[Event]:
-        events: list[Event] = []
-        for worker in self.workers:
-            events += self.core.grant_credit(worker, per_worker, now, replace=True)
-        return self._track(events, now)
-
-    def tick(self, now: float, submit: list[SubmitRequest], ack_before: float) -> list[Event]:
-        events = self.core.submit_many(submit, now) if submit else []
-        self._track(events, now)
-        due = 0
-        while due < len(self.assigned) and self.assigned[due][0] <= ack_before:
-            due += 1
-        if due:
-            acks = [
-                (job_id, attempt, lease, {"ok": True})
-                for _, job_id, attempt, lease in self.assigned[:due]
-            ]
-            del self.assigned[:due]
-            done, _ = self.core.ack_many(acks, now)
-            events += self._track(done, now)
-        return events
-
-    def _track(self, events: list[Event], now: float) -> list[Event]:
-        for event in events:
-            if isinstance(event, Assigned):
-                self.assigned.append((now, event.job_id, event.attempt, event.lease))
-        return events
-
-
-class Load:
-    """What the leader emulator decides at `rate` jobs/s from `started` on, tick by tick (the
-    clock is the caller's, so tests can drive it)."""
-
-    def __init__(self, rate: float, run_s: float, started: float) -> None:
-        self.rate = rate
-        self.run_s = run_s
-        self.started = started
-        self.cap = in_flight_cap(rate, run_s)
-        self.credit = worker_credit(rate)
-        self.emulator = Emulator(cap=self.cap)
-        self.submitted = 0
-        self.next_credit = started
-        self.lag_s = 0.0
-        """How long after its due time the oldest job of the last step was submitted."""
-
-    def start(self) -> list[Event]:
-        return self.emulator.start(self.started)
-
-    def step(self, now: float) -> tuple[list[SubmitRequest], list[Event]]:
-        """The jobs due by `now` and the events of submitting them, of fresh credit (every
-        `CREDIT_EVERY_S`) and of the acks due."""
-        events: list[Event] = []
-        if now >= self.next_credit:
-            events += self.emulator.credit(now, self.credit)
-            self.next_credit = now + CREDIT_EVERY_S
-        due = int((now - self.started) * self.rate) - self.submitted
-        first_due = self.started + (self.submitted + 1) / self.rate
-        self.lag_s = max(0.0, now - first_due) if due > 0 else 0.0
-        requests = self.emulator.requests(max(0, due))
-        self.submitted += len(requests)
-        events += self.emulator.tick(now, requests, now - self.run_s)
-        return requests, events
-
-
-def tick_records(events: Sequence[Event], max_bytes: int = RECORD_MAX_BYTES) -> list[bytes]:
-    """A tick's events as `dispatch.events` records of at most `max_bytes` each, in order."""
-    return encode_batches(GROUP, 1, events, max_bytes)
-
-
-def emulate_leader(
-    bootstrap: str,
-    submit_topic: str,
-    events_topic: str,
-    rate: float,
-    run_s: float,
-    duration_s: float,
-    stats_path: str,
-) -> None:
-    """The leader emulator's process: `rate` jobs/s for `duration_s`, as described above; its
-    own timings go to `stats_path` (JSON) at the end."""
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap, **PRODUCER)
-    load = Load(rate, run_s, time.time())
-    ticks: list[tuple[float, float, float]] = []
-    """(tick time, lag, busy seconds) of every tick."""
-    written: list[tuple[float, float]] = []
-    """(tick time, seconds until the broker acknowledged the tick's last events record)."""
-
-    def write(events: list[Event], now: float) -> None:
-        for record in tick_records(events):
-            future = producer.send(events_topic, key=GROUP.encode(), value=record)
-        future.add_callback(lambda _: written.append((now, time.time() - now)))
-
-    write(load.start(), load.started)
-    while True:
-        now = time.time()
-        if now - load.started >= duration_s:
-            break
-        requests, events = load.step(now)
-        for request in requests:
-            producer.send(submit_topic, key=request.id.encode(), value=submit_record_value(request))
-        if events:
-            write(events, now)
-        busy = time.time() - now
-        ticks.append((now, load.lag_s, busy))
-        time.sleep(max(0.0, TICK_S - busy))
-    producer.flush()
-    producer.close()
-    stats = {
-        "started": load.started,
-        "cap_per_client": load.cap,
-        "credit_per_worker": load.credit,
-        "ticks": ticks,
-        "written": written,
-    }
-    Path(stats_path).write_text(json.dumps(stats))
 
 
 # --- infrastructure ----------------------------------------------------------------------------
@@ -298,164 +102,7 @@ def with_namespace(settings: Settings, name: str, scratch: Path) -> Settings:
     return namespaced
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    ordered = sorted(values)
-
-    def at(fraction: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))], 3)
-
-    return {
-        "p50": at(0.50),
-        "p95": at(0.95),
-        "p99": at(0.99),
-        "max": round(ordered[-1], 3),
-        "n": len(ordered),
-    }
-
-
 # --- freshness ---------------------------------------------------------------------------------
-
-COUNTED = {Enqueued.type: "submitted", Assigned.type: "assigned", Completed.type: "completed"}
-"""The event types counted, and what they count."""
-
-SeenEvent = tuple[str, float, float | None]
-"""(type, at, when it became visible in `jobs`, None if never) of one job event."""
-
-
-@dataclass
-class Window:
-    """One window of the measured run."""
-
-    start_s: float
-    """From the start of the measured run."""
-    length_s: float
-    jobs: dict[str, int]
-    """Jobs submitted, assigned and completed in the window."""
-    submitted_per_s: float
-    assigned_per_s: float
-    completed_per_s: float
-    freshness_s: dict[str, float]
-    """Of the job events of the window (by their `at`)."""
-    not_visible: int
-    """Job events of the window no `jobs` commit covered."""
-    emulator_lag_max_s: float = 0.0
-    """The longest a job of the window waited past its due time to be submitted."""
-    write_p95_s: float = 0.0
-    """How long the emulator's events records of the window took to be acknowledged."""
-
-
-def windows_of(
-    events: Iterable[SeenEvent], start: float, end: float, window_s: float = WINDOW_S
-) -> list[Window]:
-    """The job events with `start <= at < end`, counted and measured per `window_s` (the last
-    window may be shorter)."""
-    count = max(1, math.ceil((end - start) / window_s))
-    counts: Counter[tuple[int, str]] = Counter()
-    samples: list[list[float]] = [[] for _ in range(count)]
-    hidden = [0] * count
-    for kind, at, visible in events:
-        if not start <= at < end:
-            continue
-        index = min(count - 1, int((at - start) // window_s))
-        name = COUNTED.get(kind)
-        if name is not None:
-            counts[index, name] += 1
-        if visible is None:
-            hidden[index] += 1
-        else:
-            samples[index].append(visible - at)
-    out = []
-    for index in range(count):
-        length = min(window_s, end - start - index * window_s)
-        jobs = {name: counts[index, name] for name in COUNTED.values()}
-        per_s = {name: round(n / length, 1) for name, n in jobs.items()}
-        out.append(
-            Window(
-                start_s=index * window_s,
-                length_s=round(length, 3),
-                jobs=jobs,
-                submitted_per_s=per_s["submitted"],
-                assigned_per_s=per_s["assigned"],
-                completed_per_s=per_s["completed"],
-                freshness_s=percentiles(samples[index]),
-                not_visible=hidden[index],
-            )
-        )
-    return out
-
-
-def add_emulator_lag(
-    windows: list[Window],
-    ticks: Sequence[Sequence[float]],
-    written: Sequence[Sequence[float]],
-    start: float,
-) -> None:
-    """Each window's worst emulator lag and p95 write time, from the emulator's stats."""
-    for window in windows:
-        begin, end = start + window.start_s, start + window.start_s + window.length_s
-        lags = [tick[1] for tick in ticks if begin <= tick[0] < end]
-        writes = [item[1] for item in written if begin <= item[0] < end]
-        window.emulator_lag_max_s = round(max(lags, default=0.0), 3)
-        window.write_p95_s = percentiles(writes).get("p95", 0.0)
-
-
-def shortfalls(
-    rate_asked: float,
-    submitted_per_s: float,
-    assigned_per_s: float,
-    completed_per_s: float,
-    windows: Sequence[Window],
-    emulator_lag_max_s: float,
-    emulator_write_p95_s: float,
-    fold_catch_up_s: float | None,
-) -> list[str]:
-    """Every way the run fell short of the rate asked for, each saying who could not keep
-    up; [] when none did."""
-    out = []
-    emulator = "the emulator could not keep up"
-    late = emulator_lag_max_s > EMULATOR_LATE_S
-    if submitted_per_s < KEEP_UP * rate_asked:
-        out.append(f"submitted {submitted_per_s:.0f}/s < {rate_asked:.0f}/s asked: {emulator}")
-    if late:
-        out.append(
-            f"{emulator}: jobs were submitted up to {emulator_lag_max_s:.2f} s after their "
-            "due time (the load came in bursts, the acks late)"
-        )
-    if emulator_write_p95_s > EMULATOR_LATE_S:
-        out.append(
-            f"{emulator}: its records took {emulator_write_p95_s:.2f} s (p95) to reach the "
-            "broker, and freshness includes that wait"
-        )
-    for name, value in (("assigned", assigned_per_s), ("completed", completed_per_s)):
-        if value < KEEP_UP * submitted_per_s:
-            why = "its ticks fell behind" if late else "its core's cap or credit limited it"
-            out.append(
-                f"{name} {value:.0f}/s < {submitted_per_s:.0f}/s submitted: {emulator} ({why})"
-            )
-    short = [
-        f"{w.start_s:g} s"
-        for w in windows
-        if min(w.assigned_per_s, w.completed_per_s) < KEEP_UP * w.submitted_per_s
-    ]
-    if short:
-        out.append(
-            f"windows where assigned or completed/s < 95% of submitted/s: {', '.join(short)}"
-        )
-    if fold_catch_up_s is None or fold_catch_up_s > FOLD_CATCH_UP_S:
-        needed = f"over {CATCH_UP_WAIT_S:g}" if fold_catch_up_s is None else f"{fold_catch_up_s:g}"
-        out.append(
-            f"the fold could not keep up: it needed {needed} s after the emulator stopped to "
-            "read the rest"
-        )
-    measured = [w.freshness_s["p50"] for w in windows if w.freshness_s]
-    if len(measured) >= 2 and measured[-1] > 2 * measured[0] + 1.0:
-        out.append(
-            f"the fold fell behind: freshness p50 grew from {measured[0]:.2f} s (first "
-            f"window) to {measured[-1]:.2f} s (last)"
-        )
-    return out
 
 
 @dataclass

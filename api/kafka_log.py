@@ -131,9 +131,12 @@ class SubmitReader:
         # The probe's own client: on the reader's connection, the probe's ListOffsets queued
         # behind the long-poll fetch (a broker answers one request of a connection at a
         # time), so each probe stalled the loop up to `fetch_max_wait_ms`.
+        # The reader already learnt the broker's version: given it, kafka-python skips its
+        # bootstrap round trip, which would otherwise lengthen every term's start.
         self._probe = KafkaConsumer(
             bootstrap_servers=kafka.bootstrap,
             client_id=f"{client_id}-probe",
+            api_version=self._consumer.config["api_version"],
             request_timeout_ms=int(KAFKA_CALL_DEADLINE_S * 1000),
             **RECONNECT,
         )

@@ -1,11 +1,10 @@
 """JSON encoding for the hot paths: every event the leader commits, every submit record,
 every assignment and settlement a worker is sent.
 
-orjson encodes the small documents of these paths about 15 times faster than the standard
-library's encoder (measured on this project's 2-core machine: 1.2 µs against 18 µs for an
-assignment), and the leader's loop and the node's event loop share one GIL: under load, the
-standard encoder took more than a quarter of the node's Python time (BENCHMARKS.md, *Where the
-node's time goes*).
+orjson encodes the small documents of these paths many times faster than the standard
+library's encoder, and the leader's loop and the node's event loop share one GIL: under load,
+the standard encoder took more than a quarter of the node's Python time (BENCHMARKS.md, *The
+submit path*, second round).
 
 Both produce compact JSON that any decoder reads alike (orjson writes non-ASCII characters as
 UTF-8 where the standard encoder escapes them, `1e-5` where it writes `1e-05`). For the few

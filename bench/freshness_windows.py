@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from bench import stats
 from dispatch.core.events import Assigned, Completed, Enqueued
 
 WINDOW_S = 10.0
@@ -26,20 +27,10 @@ CATCH_UP_WAIT_S = 120.0
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
+    """`bench.stats.percentiles` in seconds, with the sample count."""
     if not values:
         return {}
-    ordered = sorted(values)
-
-    def at(fraction: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))], 3)
-
-    return {
-        "p50": at(0.50),
-        "p95": at(0.95),
-        "p99": at(0.99),
-        "max": round(ordered[-1], 3),
-        "n": len(ordered),
-    }
+    return {**stats.percentiles(values, scale=1.0, digits=3), "n": len(values)}
 
 
 COUNTED = {Enqueued.type: "submitted", Assigned.type: "assigned", Completed.type: "completed"}

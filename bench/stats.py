@@ -7,16 +7,23 @@ import platform
 from typing import Any
 
 
-def percentiles(seconds: list[float]) -> dict[str, float]:
-    """p50/p95/p99/max of durations in seconds, in milliseconds."""
+def percentiles(
+    seconds: list[float], *, scale: float = 1000.0, digits: int = 2
+) -> dict[str, float]:
+    """p50/p95/p99/max of durations in seconds, in milliseconds (or times `scale`)."""
     if not seconds:
         return {}
     ordered = sorted(seconds)
 
     def at(fraction: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000, 2)
+        return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * scale, digits)
 
-    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": round(ordered[-1] * 1000, 2)}
+    return {
+        "p50": at(0.50),
+        "p95": at(0.95),
+        "p99": at(0.99),
+        "max": round(ordered[-1] * scale, digits),
+    }
 
 
 def cpu_model() -> str:

@@ -27,3 +27,8 @@ def test_a_reading_of_this_machine_carries_its_counters() -> None:
 def test_percentiles_are_in_milliseconds() -> None:
     assert percentiles([0.001] * 99 + [1.0]) == {"p50": 1.0, "p95": 1.0, "p99": 1000.0,
                                                  "max": 1000.0}  # fmt: skip
+
+
+def test_percentiles_in_seconds_for_the_streaming_bench() -> None:
+    assert percentiles([0.25, 1.5], scale=1.0, digits=3) == {"p50": 1.5, "p95": 1.5, "p99": 1.5,
+                                                            "max": 1.5}  # fmt: skip

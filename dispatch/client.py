@@ -40,6 +40,12 @@ MAX_WAIT_PER_REQUEST_S = 60.0
 """The server's cap on `?wait=`; longer waits are made of several long-polls."""
 TERMINAL_STATUSES = frozenset({"succeeded", "dead", "cancelled"})
 STREAM_PATH = "/v1/stream"
+STREAM_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+"""The largest message the SDK reads from `WS /v1/stream`. websockets' default (1 MiB) is less
+than an assignment whose payload is at a node's default limit (1 MiB) plus its envelope: such a
+socket closed with 1009 at every delivery, and the job died of its attempts. 32 MiB is twice
+what a Kafka record of the dispatcher's topics may hold, so every payload the log can carry
+fits."""
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -1024,6 +1030,7 @@ class AsyncClient(_Base):
             socket = await _ConnectWithoutRedirects(
                 stream_url(url), additional_headers=self.headers, proxy=None,
                 open_timeout=open_timeout_s, max_queue=None, compression=None,
+                max_size=STREAM_MAX_MESSAGE_BYTES,
             )  # fmt: skip
         except InvalidStatus as refused:
             response = refused.response

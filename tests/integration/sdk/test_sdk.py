@@ -222,3 +222,22 @@ def test_a_socket_worker_moves_on_when_the_term_ends(api_node: RunningNode) -> N
         # requeued that undelivered attempt: it succeeds on attempt 2.
         second = admin.wait("second", timeout_s=30)
         assert second.status == "succeeded" and second.attempts <= 2
+
+
+def test_a_socket_worker_takes_a_job_whose_payload_is_at_the_size_limit(
+    api_node: RunningNode,
+) -> None:
+    # The assignment wraps the payload in an envelope: with a payload just under the node's
+    # limit it is larger than 1 MiB, websockets' default limit on what a client reads.
+    app = WorkerApp("sdk-big")
+
+    @app.handler("sdk.size")
+    def size(job: Assignment) -> int:
+        return len(job.payload)
+
+    limit = api_node.settings.api.max_payload_bytes
+    payload = "x" * (limit - 100)
+    with _admin(api_node) as admin, running_worker(app, api_node, transport="ws"):
+        admin.submit("sdk.size", payload, id="big-payload")
+        job = admin.wait("big-payload", timeout_s=30)
+        assert (job.status, job.result, job.attempts) == ("succeeded", len(payload), 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from streaming.decode import LoggedEvent
 from streaming.fold import (
     CLOSED,
     OPEN,
+    BatchFold,
     JobKey,
     JobState,
     archived_row,
@@ -27,11 +29,15 @@ from streaming.fold import (
 )
 from tests.unit.streaming.workload import CONFIG, GROUP, Workload, mixed_workload, random_workload
 
+FoldFunction = Callable[[list[LoggedEvent], list[bool], dict[JobKey, JobState]], BatchFold]
+
 
 class Tables:
     """The `jobs` / `jobs_archive` semantics of the Spark writer, in memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, fold: FoldFunction = fold_batch) -> None:
+        self.fold_function = fold
+        """How a batch is folded: the driver's `fold_batch`, or a test's stand-in for it."""
         self.jobs: dict[JobKey, dict[str, Any]] = {}
         self.archive: list[dict[str, Any]] = []
         self.fence: dict[str, int] = {}
@@ -46,7 +52,7 @@ class Tables:
             row = self.jobs.get(key)
             if row is not None and (pruning or row["part"] == OPEN):
                 current[key] = job_state(row)[1]
-        result = fold_batch(events, admitted, current)
+        result = self.fold_function(events, admitted, current)
         # Untouched closed rows: the first prune covering them archives them.
         for group, steps in result.prunes.items():
             for key, row in list(self.jobs.items()):
@@ -80,9 +86,11 @@ def logged_events(workload: Workload) -> list[LoggedEvent]:
     return out
 
 
-def fold_in_batches(workload: Workload, rng: random.Random, max_batch: int) -> Tables:
+def fold_in_batches(
+    workload: Workload, rng: random.Random, max_batch: int, tables: Tables | None = None
+) -> Tables:
     events = logged_events(workload)
-    tables = Tables()
+    tables = Tables() if tables is None else tables
     position = 0
     while position < len(events):
         # Batches end at record boundaries, as Kafka micro-batches do.

@@ -33,7 +33,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,8 +84,10 @@ from streaming.fold import (
     prune_groups,
     touched_jobs,
 )
+from streaming.planned import Planned
 from streaming.progress import BATCH, PRUNE, Committed, Progress, latest_progress_of
 from streaming.rollup import StatsRollup, stats_row
+from streaming.stats import MinuteStats, StatsKey
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -297,39 +299,52 @@ class BatchWriter:
         spark: SparkSession | None = None,
         started: float | None = None,
     ) -> BatchTimings:
-        """Fold and write one batch of records (in log order) whose end offsets are `end`.
-        Spark is needed only for a batch with `pruned` events and for maintenance."""
+        """Fold on the driver and write one batch of records (in log order) whose end offsets
+        are `end`. Spark is needed only for a batch with `pruned` events and for maintenance."""
         started = time.perf_counter() if started is None else started
-        timings = BatchTimings(batch_id=batch_id)
-        positions = self.positions()
-        timings.records = len(rows)
+        timings = BatchTimings(batch_id=batch_id, records=len(rows))
         timings.collect_s = time.perf_counter() - started
-
         mark = time.perf_counter()
-        plan = self._plan(rows)
-        timings.events = len(plan.logged)
-        timings.jobs = len(plan.fold.final)
+        planned = self.planned(batch_id, self._plan(rows))
         timings.fold_s = time.perf_counter() - mark
-        self._log_refusals(batch_id, plan)
+        return self.write_planned(batch_id, planned, end, timings, spark=spark, started=started)
+
+    def write_planned(
+        self,
+        batch_id: int,
+        planned: Planned,
+        end: Offsets,
+        timings: BatchTimings,
+        *,
+        spark: SparkSession | None = None,
+        started: float,
+    ) -> BatchTimings:
+        """Write a planned batch, in the order the module's docstring gives."""
+        positions = self.positions()
+        timings.events = planned.events_count
+        timings.jobs = planned.jobs_source.num_rows
+        self._log_refusals(batch_id, planned)
 
         mark = time.perf_counter()
-        self._write_events(batch_id, end, plan)
+        if planned.events.num_rows:
+            self._append(t.EVENTS, planned.events, batch_id, self._progress(batch_id, end))
         timings.events_write_s = time.perf_counter() - mark
         mark = time.perf_counter()
-        self._write_stats_partial(batch_id, end, plan.fold)
-        self._write_rejected(batch_id, end, plan)
+        self._write_stats_partial(batch_id, end, planned.stats)
+        if planned.rejected.num_rows:
+            self._append(t.REJECTED, planned.rejected, batch_id, self._progress(batch_id, end))
         timings.stats_write_s = time.perf_counter() - mark
 
         mark = time.perf_counter()
-        if plan.fold.prunes:
+        if planned.prunes:
             if spark is None:
                 raise RuntimeError("a batch with pruned events needs the Spark session")
-            self._write_prunes(spark, batch_id, end, plan)
+            self._write_prunes(spark, batch_id, end, planned)
         timings.prune_s = time.perf_counter() - mark
 
         mark = time.perf_counter()
-        positions.fence = plan.fence_after
-        self._merge_jobs(batch_id, end, plan.fold)
+        positions.fence = planned.fence_after
+        self._merge_jobs(batch_id, end, planned.jobs_source)
         for name in positions.tables:
             positions.tables[name] = end
         timings.jobs_merge_s = time.perf_counter() - mark
@@ -353,17 +368,40 @@ class BatchWriter:
         )  # fmt: skip
         return timings
 
-    def _log_refusals(self, batch_id: int, plan: _Plan) -> None:
+    def planned(self, batch_id: int, plan: _Plan) -> Planned:
+        """The rows a batch folded on the driver writes."""
+        closed_touched: list[JobKey] = []
+        if plan.fold.prunes:
+            closed_touched = [key for key, state in plan.current.items() if state.part == CLOSED]
+        refusals = plan.refusals()
+        skipped = len(plan.undecodable) + len(refusals)
+        first: str | None = None
+        if plan.undecodable:
+            first = plan.undecodable[0].reason
+        elif refusals:
+            first = refusal_reason(next(iter(refusals.values()))[0])
+        return Planned(
+            events=t.arrow_rows(t.EVENTS, self.events_rows(batch_id, plan)),
+            rejected=t.arrow_rows(t.REJECTED, self.rejected_rows(batch_id, plan)),
+            stats=plan.fold.stats.rows,
+            jobs_source=self.jobs_source(plan.fold),
+            fence_after=plan.fence_after,
+            archived=[_archive_row(life) for life in plan.fold.archived],
+            prunes=plan.fold.prunes,
+            touched=plan.touched if plan.fold.prunes else set(),
+            closed_touched=closed_touched,
+            events_count=len(plan.logged),
+            skipped_records=skipped,
+            first_reason=first,
+        )
+
+    def _log_refusals(self, batch_id: int, planned: Planned) -> None:
         """One warning per batch that skips records (they are in `rejected`, with reasons)."""
-        records = len(plan.undecodable) + len(plan.refusals())
-        if records:
-            first = plan.undecodable[0].reason if plan.undecodable else None
-            if first is None:
-                first = refusal_reason(next(iter(plan.refusals().values()))[0])
+        if planned.skipped_records:
             log.warning(
                 "batch %d: %d events record(s) skipped in whole or part, see the rejected "
                 "table (first: %s)",
-                batch_id, records, first[:300],
+                batch_id, planned.skipped_records, (planned.first_reason or "")[:300],
             )  # fmt: skip
 
     def _plan(self, rows: Sequence[KafkaRow]) -> _Plan:
@@ -461,12 +499,6 @@ class BatchWriter:
             for key in (_TXN_APP, _TXN_VERSION, _USER_METADATA):
                 conf.unset(key)
 
-    def _write_events(self, batch_id: int, end: Offsets, plan: _Plan) -> None:
-        rows = self.events_rows(batch_id, plan)
-        if rows:
-            progress = self._progress(batch_id, end)
-            self._append(t.EVENTS, t.arrow_rows(t.EVENTS, rows), batch_id, progress)
-
     def events_rows(self, batch_id: int, plan: _Plan) -> list[dict[str, Any]]:
         """The batch's `events` rows the table has not absorbed yet. An event the fold
         refused keeps its row, with the reason in `error`; one whose values no column holds
@@ -496,12 +528,6 @@ class BatchWriter:
             rows.append(rejected_bronze_row(row, batch_id))
         return rows
 
-    def _write_rejected(self, batch_id: int, end: Offsets, plan: _Plan) -> None:
-        rows = self.rejected_rows(batch_id, plan)
-        if rows:
-            progress = self._progress(batch_id, end)
-            self._append(t.REJECTED, t.arrow_rows(t.REJECTED, rows), batch_id, progress)
-
     def rejected_rows(self, batch_id: int, plan: _Plan) -> list[dict[str, Any]]:
         """The batch's `rejected` rows the table has not absorbed yet: one per rejection
         record, and one per events record the fold did not take whole (undecodable, or with
@@ -529,18 +555,19 @@ class BatchWriter:
                 )
         return rows
 
-    def _write_stats_partial(self, batch_id: int, end: Offsets, fold: BatchFold) -> None:
+    def _write_stats_partial(
+        self, batch_id: int, end: Offsets, contributions: Mapping[StatsKey, MinuteStats]
+    ) -> None:
         """The batch's statistics as partial rows (rolled up into `stats` later)."""
-        rows = self.stats_partial_rows(batch_id, end, fold)
+        rows = self.stats_partial_rows(batch_id, end, contributions)
         if not rows:
             return
         table = t.arrow_rows(t.STATS_PARTIAL, rows)  # percentile columns are left out
         self._append(t.STATS_PARTIAL, table, batch_id, self._progress(batch_id, end))
 
     def stats_partial_rows(
-        self, batch_id: int, end: Offsets, fold: BatchFold
+        self, batch_id: int, end: Offsets, contributions: Mapping[StatsKey, MinuteStats]
     ) -> list[dict[str, Any]]:
-        contributions = fold.stats.rows
         batch_end = sum(end.get(self.topics.events, {}).values())
         rows = []
         for key in sorted(contributions):
@@ -549,13 +576,15 @@ class BatchWriter:
             rows.append(row)
         return rows
 
-    def _write_prunes(self, spark: SparkSession, batch_id: int, end: Offsets, plan: _Plan) -> None:
+    def _write_prunes(
+        self, spark: SparkSession, batch_id: int, end: Offsets, planned: Planned
+    ) -> None:
         """Move the jobs the leader pruned from `jobs` to `jobs_archive`: the touched ones as
         folded, the untouched closed ones by the prunes' rule (`updated_at <= before`)."""
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
-        fold, touched = plan.fold, plan.touched
+        touched = planned.touched
         jobs_path = str(self.paths[t.JOBS])
         touched_frame = spark.createDataFrame(
             pa.table(
@@ -566,7 +595,7 @@ class BatchWriter:
             )
         )
         untouched: DataFrame | None = None
-        for group, steps in fold.prunes.items():
+        for group, steps in planned.prunes.items():
             latest = max(step.before for step in steps)
             archived_at = F.lit(None).cast("double")
             for step in reversed(steps):
@@ -589,9 +618,7 @@ class BatchWriter:
         assert untouched is not None
 
         archive_columns = t.SCHEMAS[t.JOBS_ARCHIVE].names
-        touched_lives = spark.createDataFrame(
-            t.arrow_rows(t.JOBS_ARCHIVE, [_archive_row(life) for life in fold.archived])
-        )
+        touched_lives = spark.createDataFrame(t.arrow_rows(t.JOBS_ARCHIVE, planned.archived))
         archive = (
             untouched.withColumn("date", F.to_date(F.timestamp_seconds(F.col("updated_at"))))
             .select(*archive_columns)
@@ -613,7 +640,7 @@ class BatchWriter:
 
         # Pruned closed rows, and the closed rows of touched jobs (their new life is MERGEd
         # next; only the batch's prunes let a closed job be touched at all).
-        closed_touched = [key for key, state in plan.current.items() if state.part == CLOSED]
+        closed_touched = planned.closed_touched
         doomed = untouched.select("dispatch_group", "id").unionByName(
             spark.createDataFrame(
                 pa.table(
@@ -637,7 +664,7 @@ class BatchWriter:
                 .execute()
             )
 
-    def _merge_jobs(self, batch_id: int, end: Offsets, fold: BatchFold) -> None:
+    def _merge_jobs(self, batch_id: int, end: Offsets, source: pa.Table) -> None:
         """The batch's last commit: upsert the folded jobs, delete the pruned ones, and record
         the batch's progress. Made even when no job changed (a batch of heartbeats or submit
         records only: `DeltaCommits.merge` then commits the progress with no data), so the
@@ -645,7 +672,7 @@ class BatchWriter:
         columns = {name: f"s.`{name}`" for name in _JOB_COLUMNS}
         self.commits.merge(
             t.JOBS,
-            self.jobs_source(fold),
+            source,
             # Only open jobs can change: the partition literal keeps the closed history (the
             # bulk of the table) out of the scan, so the cost follows the backlog.
             f"t.part = '{OPEN}' AND t.dispatch_group = s.dispatch_group AND t.id = s.id",

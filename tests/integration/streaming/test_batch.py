@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pytest
 
 from dispatch.core.events import Completed, Enqueued
@@ -16,7 +17,6 @@ from dispatch.settings import Settings
 from streaming import tables as t
 from streaming.app import topics_of
 from streaming.batch import BatchWriter
-from streaming.fold import BatchFold
 from streaming.rollup import StatsRollup
 from tests.integration.streaming.conftest import jobs_of, produce, spark_rows
 from tests.unit.streaming.workload import mixed_workload
@@ -57,7 +57,7 @@ def versions(settings: Settings) -> dict[str, int]:
 class CrashBeforeJobs(BatchWriter):
     """Dies after events, rejected and stats are committed, before the jobs MERGE."""
 
-    def _merge_jobs(self, batch_id: int, end: Any, fold: BatchFold) -> None:
+    def _merge_jobs(self, batch_id: int, end: Any, source: pa.Table) -> None:
         raise RuntimeError("killed before the jobs MERGE")
 
 

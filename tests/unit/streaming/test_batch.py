@@ -104,7 +104,7 @@ def all_rows_fit(writer: BatchWriter, rows: list[KafkaRow]) -> dict[str, Any]:
         t.EVENTS: t.arrow_rows(t.EVENTS, writer.events_rows(0, plan)),
         t.REJECTED: t.arrow_rows(t.REJECTED, writer.rejected_rows(0, plan)),
         t.STATS_PARTIAL: t.arrow_rows(
-            t.STATS_PARTIAL, writer.stats_partial_rows(0, end, plan.fold)
+            t.STATS_PARTIAL, writer.stats_partial_rows(0, end, plan.fold.stats.rows)
         ),
         t.JOBS: writer.jobs_source(plan.fold),
         t.JOBS_ARCHIVE: t.arrow_rows(

@@ -1,0 +1,44 @@
+"""What one micro-batch writes, however it was folded: on the driver (`BatchWriter._plan`)
+or on Spark's executors (`streaming.executor_plan`). `BatchWriter` writes either the same way,
+so exactly once, the write order and the progress records do not depend on where the fold ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from streaming.fold import JobKey, PruneStep
+from streaming.stats import MinuteStats, StatsKey
+
+
+@dataclass
+class Planned:
+    """One batch's rows, ready to commit (every table's rows in its own Arrow schema)."""
+
+    events: pa.Table
+    """`events` rows the table has not absorbed yet."""
+    rejected: pa.Table
+    """`rejected` rows the table has not absorbed yet."""
+    stats: dict[StatsKey, MinuteStats]
+    """The batch's statistics, not counted before (`stats_partial` gets a row per key)."""
+    jobs_source: pa.Table
+    """The `jobs` MERGE source: a row per touched job (`_delete`: pruned, gone)."""
+    fence_after: dict[str, int]
+    """Each group's fence epoch after the batch."""
+    archived: list[dict[str, Any]] = field(default_factory=list)
+    """`jobs_archive` rows of the touched lives the batch's prunes ended."""
+    prunes: dict[str, list[PruneStep]] = field(default_factory=dict)
+    """Per group, the batch's admitted `pruned` events in log order."""
+    touched: set[JobKey] = field(default_factory=set)
+    """The jobs the batch's events touch (filled only for a batch with prunes)."""
+    closed_touched: list[JobKey] = field(default_factory=list)
+    """Touched jobs whose row was closed (only a batch with prunes may touch one)."""
+    events_count: int = 0
+    """Logged events decoded (for the logs and the benchmark)."""
+    skipped_records: int = 0
+    """Events records the fold did not take whole (each has a `rejected` row)."""
+    first_reason: str | None = None
+    """Why the first of them was skipped, for the batch's warning."""

@@ -107,6 +107,8 @@ def with_namespace(settings: Settings, name: str, scratch: Path) -> Settings:
 
 @dataclass
 class FreshnessResult:
+    fold_on: str
+    """Where the query folded each batch (`StreamOptions.fold_on`)."""
     rate_asked: float
     rate_measured: float
     """Jobs submitted per second over the measured run, counted from the log."""
@@ -204,6 +206,7 @@ def freshness(
     warmup_s: float,
     optimize_every_s: float,
     run_s: float = 1.0,
+    fold_on: str = "executors",
 ) -> FreshnessResult:
     from streaming.app import StreamOptions, start
     from streaming.lag import streaming_lag
@@ -226,7 +229,9 @@ def freshness(
         ),
         daemon=True,
     )
-    options = StreamOptions(maintenance=MaintenancePolicy(optimize_every_s=optimize_every_s))
+    options = StreamOptions(
+        maintenance=MaintenancePolicy(optimize_every_s=optimize_every_s), fold_on=fold_on
+    )
     query, writer = start(settings, spark, options=options)
     leader.start()
     leader.join(warmup_s)
@@ -285,6 +290,7 @@ def freshness(
         "maintenance_s",
     )
     return FreshnessResult(
+        fold_on=fold_on,
         rate_asked=rate,
         rate_measured=per_s["submitted"],
         assigned_per_s=per_s["assigned"],
@@ -324,8 +330,9 @@ def describe(result: FreshnessResult) -> str:
     r, f, e = result, result.freshness_s, result.emulator
     head = ("window", "subm/s", "assig/s", "compl/s", "p50", "p95", "p99", "max", "unseen")
     lines = [
-        f"freshness run: {r.rate_asked:,.0f} jobs/s asked; measured {r.rate_measured:,.1f} "
-        f"submitted/s, {r.assigned_per_s:,.1f} assigned/s, {r.completed_per_s:,.1f} completed/s "
+        f"freshness run (fold on {r.fold_on}): {r.rate_asked:,.0f} jobs/s asked; measured "
+        f"{r.rate_measured:,.1f} submitted/s, {r.assigned_per_s:,.1f} assigned/s, "
+        f"{r.completed_per_s:,.1f} completed/s "
         f"over {r.duration_s:g} s after {r.warmup_s:g} s of warm-up (jobs run {r.run_s:g} s)",
         " ".join(f"{name:>8}" for name in head) + "  emu lag  write p95",
     ]
@@ -546,6 +553,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-freshness", action="store_true")
     parser.add_argument("--skip-merge", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--fold-on", choices=["executors", "driver"], default="executors",
+        help="where the streaming query folds each batch",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     from streaming.session import spark_session
@@ -567,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.warmup,
                     args.optimize_every,
                     args.run_s,
+                    args.fold_on,
                 )
                 results["freshness"] = asdict(fresh)
                 print(describe(fresh), flush=True)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from dispatch.settings import Settings
 from streaming import tables as t
-from streaming.batch import BatchWriter
+from streaming.batch import DRIVER, EXECUTORS, BatchWriter
 from streaming.decode import Topics
 from streaming.maintenance import Maintenance, MaintenancePolicy
 from streaming.progress import latest_progress
@@ -56,6 +56,9 @@ class StreamOptions:
     """Compaction and vacuum schedule; None disables maintenance."""
     checkpoint_name: str = "streaming"
     """Folder under `<var>/checkpoints`."""
+    fold_on: str = EXECUTORS
+    """Where each batch is folded: `executors` (partitioned by job, so the fold grows with the
+    cluster) or `driver` (collected and folded in the driver's Python); docs/streaming.md."""
 
 
 def topics_of(settings: Settings) -> Topics:
@@ -107,7 +110,9 @@ def start(
         Maintenance(warehouse, options.maintenance) if options.maintenance is not None else None
     )
     rollup = StatsRollup(warehouse, options.rollup_every_s)
-    writer = BatchWriter(warehouse, topics_of(settings), checkpoint, maintenance, rollup)
+    writer = BatchWriter(
+        warehouse, topics_of(settings), checkpoint, maintenance, rollup, fold_on=options.fold_on
+    )
     fresh = not (checkpoint / "offsets").is_dir()
     reader = (
         spark.readStream.format("kafka")
@@ -205,12 +210,19 @@ def parse_options(argv: Sequence[str] | None = None) -> tuple[StreamOptions, boo
     )
     parser.add_argument("--rollup-every-s", type=float, default=defaults.rollup_every_s)
     parser.add_argument("--no-maintenance", action="store_true", help="never OPTIMIZE/VACUUM")
+    parser.add_argument(
+        "--fold-on",
+        choices=[EXECUTORS, DRIVER],
+        default=defaults.fold_on,
+        help="where each batch is folded (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     options = StreamOptions(
         trigger_interval_s=args.trigger_interval_s,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
         rollup_every_s=args.rollup_every_s,
         maintenance=None if args.no_maintenance else defaults.maintenance,
+        fold_on=args.fold_on,
     )
     return options, bool(args.available_now)
 

@@ -7,10 +7,12 @@ table does):
 with `pruned` events: `jobs_archive` append, then a `jobs` MERGE deleting the pruned rows,
 5. the `jobs` MERGE of the folded states, with the batch's `Progress` (offsets, fence epochs).
 
-The batch is collected to the driver (Spark reads Kafka and keeps the offsets and the
-checkpoint); the appends and the `jobs` MERGE are delta-rs commits from the folded Arrow rows
-(`streaming.delta_commits`: a Spark write per table cost ~2 s of fixed overhead a batch here),
-the rare prune step stays in Spark (it selects closed rows by a condition over the history).
+The batch is folded on Spark's executors, partitioned by job (`streaming.executor_plan`), or,
+with `fold_on="driver"`, collected to the driver and folded there (`_plan`); either way the
+result is a `Planned` (every table's rows in Arrow) that `write_planned` commits. The appends
+and the `jobs` MERGE are delta-rs commits from those rows (`streaming.delta_commits`: a Spark
+write per table cost ~2 s of fixed overhead a batch here), the rare prune step stays in Spark
+(it selects closed rows by a condition over the history).
 
 Exactly-once effect, two layers:
 - Delta idempotent writes keyed on the batch: every commit carries a `txn` action with app id
@@ -101,6 +103,17 @@ _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _JOB_COLUMNS: list[str] = list(t.SCHEMAS[t.JOBS].names)
+DRIVER = "driver"
+EXECUTORS = "executors"
+
+
+def _advanced(start: Offsets, end: Offsets) -> int:
+    """How many offsets a batch moves the positions by (records, and transaction markers)."""
+    return sum(
+        offset - start.get(topic, {}).get(partition, 0)
+        for topic, partitions in end.items()
+        for partition, offset in partitions.items()
+    )
 
 
 def query_id(checkpoint: Path) -> str:
@@ -195,7 +208,13 @@ class BatchWriter:
         checkpoint: Path,
         maintenance: Maintenance | None = None,
         rollup: StatsRollup | None = None,
+        fold_on: str = DRIVER,
     ) -> None:
+        if fold_on not in (DRIVER, EXECUTORS):
+            raise ValueError(f"fold_on: expected {DRIVER!r} or {EXECUTORS!r}, got {fold_on!r}")
+        self.fold_on = fold_on
+        """Where a batch is folded: on Spark's executors (`streaming.executor_plan`), or
+        collected to the driver and folded there (`_plan`)."""
         self.warehouse = warehouse
         self.topics = topics
         self.checkpoint = checkpoint
@@ -276,6 +295,26 @@ class BatchWriter:
         started = time.perf_counter()
         positions = self.positions()
         from pyspark.sql import functions as F
+
+        if self.fold_on == EXECUTORS:
+            from streaming.executor_plan import plan_on_executors
+
+            timings = BatchTimings(batch_id=batch_id)
+            end = batch_end_offsets(self.checkpoint, batch_id)
+            if end is None:
+                ends = batch_df.groupBy("topic", "partition").agg(F.max("offset")).collect()
+                end = {}
+                for topic, partition, last in ends:
+                    end.setdefault(topic, {})[partition] = last + 1
+            end = merge_offsets(positions.tables[t.JOBS], end)
+            timings.records = _advanced(positions.tables[t.JOBS], end)
+            mark = time.perf_counter()
+            planned = plan_on_executors(self, batch_df, batch_id)
+            timings.fold_s = time.perf_counter() - mark
+            self.write_planned(
+                batch_id, planned, end, timings, spark=batch_df.sparkSession, started=started
+            )
+            return
 
         # The time as microseconds: a producer-set time past year 9999 would make the
         # conversion to Python datetimes raise for the whole batch (kafka_rows clamps it).

@@ -5,8 +5,9 @@ unit tests run them without a JVM and Spark runs them unchanged:
 
 1. `explode_records`: `dispatch.events` records -> one `events` (bronze) row per logged event,
    per event set aside by `screen_events`, and per undecodable record, exactly the rows the
-   driver writes today (`admitted` is left NULL: the fence is batch-wide, and the driver knows
-   it from the batch's few `leader_elected` events alone).
+   driver's fold writes (`admitted` is left NULL: the fence is batch-wide, and the driver knows
+   it from the batch's few `leader_elected` events alone); `explode_other_records`: the submit
+   and rejected topics' records -> their `events` rows.
 2. `fold_partition`: a partition of the batch repartitioned by job, holding each touched job's
    current `jobs` row (`row`) and its admitted events (`body`, as stage 1 wrote it) -> the
    jobs' new rows, the lives pruned during the batch, the events refused, and the partition's
@@ -39,7 +40,9 @@ from streaming.decode import (
     event_bronze_row,
     kafka_rows,
     refused_bronze_row,
+    rejected_bronze_row,
     screen_events,
+    submit_bronze_row,
     undecodable_bronze_row,
 )
 from streaming.fold import (
@@ -124,6 +127,22 @@ def exploded_rows(rows: Sequence[KafkaRow], batch_id: int) -> list[dict[str, Any
         out.append(refused_bronze_row(refused, record, batch_id))
     out.extend(undecodable_bronze_row(bad, batch_id) for bad in undecodable)
     return out
+
+
+def explode_other_records(
+    batches: Iterable[pa.RecordBatch], batch_id: int, submit_topic: str
+) -> Iterator[pa.RecordBatch]:
+    """Records of the submit and rejected topics -> their `events` (bronze) rows."""
+    for batch in batches:
+        rows = kafka_rows(batch.to_pydict())
+        bronze = [
+            submit_bronze_row(row, batch_id)
+            if row.topic == submit_topic
+            else rejected_bronze_row(row, batch_id)
+            for row in rows
+        ]
+        if bronze:
+            yield from t.arrow_rows(t.EVENTS, bronze).to_batches()
 
 
 def logged_event(row: Mapping[str, Any]) -> LoggedEvent:

@@ -16,7 +16,7 @@ from dispatch.core.fence import fence_events
 from dispatch.settings import Settings
 from streaming import tables as t
 from streaming.app import topics_of
-from streaming.batch import BatchWriter
+from streaming.batch import DRIVER, EXECUTORS, BatchWriter
 from streaming.rollup import StatsRollup
 from tests.integration.streaming.conftest import jobs_of, produce, spark_rows
 from tests.unit.streaming.workload import mixed_workload
@@ -61,8 +61,9 @@ class CrashBeforeJobs(BatchWriter):
         raise RuntimeError("killed before the jobs MERGE")
 
 
+@pytest.mark.parametrize("fold_on", [DRIVER, EXECUTORS])
 def test_replays_and_a_cut_batch_change_the_tables_exactly_once(
-    topics: Settings, spark: SparkSession, tmp_path: Path
+    topics: Settings, spark: SparkSession, tmp_path: Path, fold_on: str
 ) -> None:
     settings = topics
     workload = mixed_workload()
@@ -71,13 +72,13 @@ def test_replays_and_a_cut_batch_change_the_tables_exactly_once(
     warehouse = settings.paths.warehouse
     t.create_tables(spark, warehouse)
     first = checkpoint(tmp_path / "cp-a", "query-a")
-    writer = BatchWriter(warehouse, topics_of(settings), first)
+    writer = BatchWriter(warehouse, topics_of(settings), first, fold_on=fold_on)
     writer(kafka_batch(spark, settings), 0)
     after_first = versions(settings)
 
     # The same batch again: by the same writer, then by a restarted one (positions reloaded).
     writer(kafka_batch(spark, settings), 0)
-    BatchWriter(warehouse, topics_of(settings), first)(kafka_batch(spark, settings), 0)
+    BatchWriter(warehouse, topics_of(settings), first, fold_on=fold_on)(kafka_batch(spark, settings), 0)
     assert versions(settings) == after_first
 
     # Batch 1 is cut after its stats MERGE; the restarted writer replays it.
@@ -90,17 +91,19 @@ def test_replays_and_a_cut_batch_change_the_tables_exactly_once(
         transactional=True,
     )
     with pytest.raises(RuntimeError, match="killed"):
-        CrashBeforeJobs(warehouse, topics_of(settings), first)(kafka_batch(spark, settings), 1)
+        CrashBeforeJobs(warehouse, topics_of(settings), first, fold_on=fold_on)(kafka_batch(spark, settings), 1)
     cut = versions(settings)
     assert cut[t.JOBS] == after_first[t.JOBS]
     assert cut[t.STATS_PARTIAL] > after_first[t.STATS_PARTIAL]
-    BatchWriter(warehouse, topics_of(settings), first)(kafka_batch(spark, settings), 1)
+    BatchWriter(warehouse, topics_of(settings), first, fold_on=fold_on)(kafka_batch(spark, settings), 1)
     done = versions(settings)
     assert done[t.STATS_PARTIAL] == cut[t.STATS_PARTIAL] and done[t.EVENTS] == cut[t.EVENTS]
     check_tables(settings, spark, workload)
 
     # A new checkpoint (new app id, batch ids from 0) over the same data adds nothing.
-    fresh = BatchWriter(warehouse, topics_of(settings), checkpoint(tmp_path / "cp-b", "query-b"))
+    fresh = BatchWriter(
+        warehouse, topics_of(settings), checkpoint(tmp_path / "cp-b", "query-b"), fold_on=fold_on
+    )
     fresh(kafka_batch(spark, settings), 0)
     check_tables(settings, spark, workload)
 

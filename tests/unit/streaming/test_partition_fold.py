@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from dispatch.core.events import Completed, Pruned
 from streaming import tables as t
-from streaming.decode import LoggedEvent, Refused
+from streaming.decode import KafkaRow, LoggedEvent, Refused
 from streaming.fold import (
     ArchivedLife,
     BatchFold,
@@ -35,6 +35,7 @@ from streaming.partition_fold import (
     KIND_REFUSED,
     KIND_STATS,
     PruneEvent,
+    explode_other_records,
     explode_records,
     fold_partition,
     merged_stats,
@@ -43,26 +44,46 @@ from streaming.partition_fold import (
 from streaming.rollup import aggregate, stats_row
 from streaming.stats import StatsAccumulator
 from tests.unit.streaming.hostile import hostile_record
-from tests.unit.streaming.test_batch import InMemoryWriter, events_rows_of, poison_values
+from tests.unit.streaming.test_batch import WHEN, InMemoryWriter, events_rows_of, poison_values
 from tests.unit.streaming.test_fold import Tables, fold_in_batches
 from tests.unit.streaming.workload import GROUP, mixed_workload, random_workload
 
 # --- stage 1 -----------------------------------------------------------------------------------
 
 
-def kafka_batch(values: list[bytes | None]) -> pa.RecordBatch:
-    """The Kafka source's columns of some events records, as the driver selects them."""
-    rows = events_rows_of(values)
-    return pa.RecordBatch.from_pydict(
-        {
-            "topic": [row.topic for row in rows],
-            "partition": pa.array([row.partition for row in rows], pa.int32()),
-            "offset": pa.array([row.offset for row in rows], pa.int64()),
-            "key": pa.array([row.key for row in rows], pa.binary()),
-            "value": pa.array([row.value for row in rows], pa.binary()),
-            "timestamp": [int(row.timestamp.timestamp() * 1_000_000) for row in rows],
-        }
+KAFKA_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("timestamp", pa.int64()),
+    ]
+)
+
+
+def record_batch(rows: list[KafkaRow]) -> pa.RecordBatch:
+    """Kafka records as the driver selects them for the stages (time in microseconds)."""
+    return pa.RecordBatch.from_pylist(
+        [
+            {
+                "topic": row.topic,
+                "partition": row.partition,
+                "offset": row.offset,
+                "key": row.key,
+                "value": row.value,
+                "timestamp": int(row.timestamp.timestamp() * 1_000_000),
+            }
+            for row in rows
+        ],
+        schema=KAFKA_SCHEMA,
     )
+
+
+def kafka_batch(values: list[bytes | None]) -> pa.RecordBatch:
+    """Some events records as the stages get them."""
+    return record_batch(events_rows_of(values))
 
 
 def assert_explodes_as_the_driver(values: list[bytes | None]) -> None:
@@ -96,6 +117,29 @@ def test_exploded_rows_are_the_drivers_events_rows_but_for_admitted() -> None:
 @given(st.lists(hostile_record(), min_size=1, max_size=4))
 def test_hostile_records_explode_as_the_driver_reads_them(poison: list[bytes | None]) -> None:
     assert_explodes_as_the_driver([*poison, mixed_workload().log[0].value()])
+
+
+def test_submit_and_rejected_records_explode_as_the_driver_reads_them() -> None:
+    workload = mixed_workload()
+    rows = [
+        KafkaRow(topic, 0, offset, key, value, WHEN)
+        for topic, records in (
+            ("sub", workload.submits),
+            ("rej", [(None, value) for value in workload.rejections] + [(b"k", None)]),
+        )
+        for offset, (key, value) in enumerate(records)
+    ]
+    batch = record_batch(rows)
+    exploded = pa.Table.from_batches(
+        list(explode_other_records([batch], 3, "sub")), schema=t.SCHEMAS[t.EVENTS]
+    )
+    writer = InMemoryWriter()
+    driver = writer.events_rows(3, writer._plan(rows))
+    def by_place(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return sorted(rows, key=lambda row: (row["topic"], row["partition"], row["offset"]))
+
+    assert by_place(exploded.to_pylist()) == by_place(driver)
+    assert {row["kind"] for row in driver} >= {"submit", "rejected"}
 
 
 def test_an_empty_kafka_batch_explodes_to_nothing() -> None:

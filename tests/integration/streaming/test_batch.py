@@ -78,7 +78,9 @@ def test_replays_and_a_cut_batch_change_the_tables_exactly_once(
 
     # The same batch again: by the same writer, then by a restarted one (positions reloaded).
     writer(kafka_batch(spark, settings), 0)
-    BatchWriter(warehouse, topics_of(settings), first, fold_on=fold_on)(kafka_batch(spark, settings), 0)
+    BatchWriter(warehouse, topics_of(settings), first, fold_on=fold_on)(
+        kafka_batch(spark, settings), 0
+    )
     assert versions(settings) == after_first
 
     # Batch 1 is cut after its stats MERGE; the restarted writer replays it.
@@ -91,11 +93,15 @@ def test_replays_and_a_cut_batch_change_the_tables_exactly_once(
         transactional=True,
     )
     with pytest.raises(RuntimeError, match="killed"):
-        CrashBeforeJobs(warehouse, topics_of(settings), first, fold_on=fold_on)(kafka_batch(spark, settings), 1)
+        CrashBeforeJobs(warehouse, topics_of(settings), first, fold_on=fold_on)(
+            kafka_batch(spark, settings), 1
+        )
     cut = versions(settings)
     assert cut[t.JOBS] == after_first[t.JOBS]
     assert cut[t.STATS_PARTIAL] > after_first[t.STATS_PARTIAL]
-    BatchWriter(warehouse, topics_of(settings), first, fold_on=fold_on)(kafka_batch(spark, settings), 1)
+    BatchWriter(warehouse, topics_of(settings), first, fold_on=fold_on)(
+        kafka_batch(spark, settings), 1
+    )
     done = versions(settings)
     assert done[t.STATS_PARTIAL] == cut[t.STATS_PARTIAL] and done[t.EVENTS] == cut[t.EVENTS]
     check_tables(settings, spark, workload)

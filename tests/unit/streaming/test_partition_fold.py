@@ -135,6 +135,7 @@ def test_submit_and_rejected_records_explode_as_the_driver_reads_them() -> None:
     )
     writer = InMemoryWriter()
     driver = writer.events_rows(3, writer._plan(rows))
+
     def by_place(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return sorted(rows, key=lambda row: (row["topic"], row["partition"], row["offset"]))
 

@@ -76,6 +76,19 @@ class KafkaSettings(_Section):
     events_partitions: int = Field(1, ge=1)
     rejected_partitions: int = Field(1, ge=1)
     retention_hours: int = Field(168, ge=1)
+    brokers: int = Field(1, ge=1, le=9)
+    """How many brokers the cluster has: the local stack runs that many KRaft nodes on
+    loopback (docs/deployment.md, "Kafka profiles"); with `external`, the size of the user's
+    cluster, which only derives the replication defaults below."""
+    replication_factor: int = Field(0, ge=0)
+    """Replicas of every dispatcher topic and of the broker's internal topics (consumer
+    offsets, transaction state). 0: derived, min(3, brokers)."""
+    min_insync_replicas: int = Field(0, ge=0)
+    """Replicas that must have a record before an acks=all write is acknowledged. 0: derived,
+    2 when replication_factor >= 3, else 1."""
+    external: bool = False
+    """The brokers are the user's (`bootstrap` names them): `dispatch up` starts no broker and
+    only creates the topics that are missing."""
 
     @field_validator("bootstrap")
     @classmethod
@@ -85,6 +98,63 @@ class KafkaSettings(_Section):
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"expected host:port[,host:port...], got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _cluster(self) -> KafkaSettings:
+        # The model is frozen; these run once, while it is being built.
+        servers = [server.strip() for server in self.bootstrap.split(",")]
+        if not self.external:
+            if len(servers) == 1 and self.brokers > 1:
+                # One address for a local cluster: node n listens 2n ports above it (the
+                # controller ports interleave, see `controller_ports`).
+                host, port = self.host, self.port
+                servers = [f"{host}:{port + 2 * n}" for n in range(self.brokers)]
+                object.__setattr__(self, "bootstrap", ",".join(servers))
+            elif len(servers) != self.brokers:
+                raise ValueError(
+                    f"bootstrap lists {len(servers)} brokers but brokers is {self.brokers}: "
+                    f"set brokers to {len(servers)}, give one address (the others are "
+                    "derived), or set external = true for brokers this stack does not run"
+                )
+            hosts = [host for host, _port in self.servers]
+            listeners = self.servers
+            listeners += list(zip(hosts, self.controller_ports, strict=True))
+            if max(port for _host, port in listeners) > 65535:
+                raise ValueError(f"the brokers' ports {sorted(listeners)} go past 65535")
+            if len(set(listeners)) != len(listeners):
+                raise ValueError(
+                    f"the brokers' listeners {sorted(listeners)} collide: node n's controller "
+                    "listens on controller_port + 2n, which must not be a broker's port"
+                )
+        if self.replication_factor == 0:
+            object.__setattr__(self, "replication_factor", min(3, self.brokers))
+        if self.min_insync_replicas == 0:
+            object.__setattr__(
+                self, "min_insync_replicas", 2 if self.replication_factor >= 3 else 1
+            )
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"min_insync_replicas ({self.min_insync_replicas}) exceeds replication_factor "
+                f"({self.replication_factor}): no write could ever be acknowledged"
+            )
+        if self.replication_factor > self.brokers:
+            raise ValueError(
+                f"replication_factor ({self.replication_factor}) exceeds brokers "
+                f"({self.brokers}): Kafka refuses to create such topics"
+            )
+        return self
+
+    @property
+    def servers(self) -> list[tuple[str, int]]:
+        """(host, port) of every broker `bootstrap` names, in order."""
+        pairs = [server.strip().rpartition(":") for server in self.bootstrap.split(",")]
+        return [(host, int(port)) for host, _sep, port in pairs]
+
+    @property
+    def controller_ports(self) -> list[int]:
+        """The KRaft controller port of each local node: controller_port + 2n for node n
+        (0-based), so the defaults interleave with the listeners: 9092/9093, 9094/9095, ..."""
+        return [self.controller_port + 2 * n for n in range(self.brokers)]
 
     @property
     def host(self) -> str:
@@ -110,6 +180,9 @@ class SparkSettings(_Section):
     cluster (docs/streaming.md, "Running on a Spark cluster")."""
     shuffle_partitions: int = Field(2, ge=1)
     ui_enabled: bool = False
+    ui_port: int = Field(4040, ge=1, le=65535)
+    """The driver's web UI and REST API (`/api/v1`), when `ui_enabled`; Spark tries the next
+    ports if it is taken."""
     driver_memory: str = Field("2g", pattern=r"^[0-9]+[mMgG]$")
     driver_host: str = Field("127.0.0.1", min_length=1)
     """The address executors reach the driver at: on a cluster of several machines, one the
@@ -196,6 +269,31 @@ class LeaseSettings(_Section):
         return self
 
 
+class StorageSettings(_Section):
+    """Object storage (S3 or an S3-compatible server) for locations given as `s3://` URIs
+    (dispatch/storage.py). Empty values fall back to the usual AWS environment variables:
+    AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION / AWS_DEFAULT_REGION,
+    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN; without keys there either,
+    delta-rs finds credentials as an AWS SDK does (profile, web identity, instance role)."""
+
+    endpoint_url: str = Field("", pattern=r"^(https?://[^/\s]+/?)?$")
+    """An S3-compatible server (`http://127.0.0.1:9000`); empty: AWS S3 itself."""
+    region: str = ""
+    access_key_id: str = ""
+    # Kept out of repr(), so a logged settings object does not leak them.
+    secret_access_key: str = Field("", repr=False)
+    session_token: str = Field("", repr=False)
+    allow_http: bool = False
+    """Plain-HTTP endpoints other than loopback (loopback is always allowed)."""
+    virtual_hosted_style: bool = False
+    """`bucket.host/key` requests instead of `host/bucket/key` (path style)."""
+    request_timeout_s: float = Field(10.0, gt=0)
+    connect_timeout_s: float = Field(5.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+    retry_timeout_s: float = Field(15.0, gt=0)
+    """Retries of one request stop after this long (object_store retries 5xx and timeouts)."""
+
+
 class AuthSettings(_Section):
     # Relative to paths.var (resolved by Settings), so each stack has its own keys.
     keys_file: Path = Path("api-keys.json")
@@ -218,6 +316,7 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
 
     @classmethod

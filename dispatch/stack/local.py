@@ -1,6 +1,7 @@
 """The embedded local stack as one unit: what `dispatch up`, `down` and `status` act on.
 
-In start order (stopped in reverse): the Kafka broker and its topics, the Structured Streaming
+In start order (stopped in reverse): the Kafka broker (or `kafka.brokers` nodes of a local
+cluster; none with `kafka.external`) and its topics, the Structured Streaming
 fold (`dispatch streaming`), one API node per `api.ports` (the first to take the lease leads,
 the others stand by), and optionally demo workers (`worker.examples`). Each is a managed
 process with a pid file under `var/run`; `var/run/stack.json` remembers which optional parts
@@ -25,7 +26,7 @@ from typing import Any
 import httpx
 
 from dispatch.settings import Settings, to_environment
-from dispatch.stack.broker import Broker, create_topics
+from dispatch.stack.broker import Broker, KafkaCluster, create_topics
 from dispatch.stack.process import ManagedProcess, ProcessError
 
 DISPATCH = str(Path(sys.executable).parent / "dispatch")
@@ -78,13 +79,21 @@ class StackPlan:
 class LocalStack:
     def __init__(self, settings: Settings, plan: StackPlan | None = None) -> None:
         self.settings = settings
-        self.broker = Broker(settings)
+        self.kafka = KafkaCluster(settings)
         self.nodes = [ApiNode(settings, port) for port in settings.api.ports]
         self.run_dir = settings.paths.var / "run"
         self.logs = settings.paths.var / "logs"
         self.plan_file = self.run_dir / "stack.json"
         self.plan = plan if plan is not None else self._saved_plan()
         self.streaming = ManagedProcess("streaming", self.run_dir, self.logs / "streaming.log")
+
+    @property
+    def broker(self) -> Broker:
+        """The single broker (the first node of a cluster), for callers that kill or restart
+        one broker (bench.restart_bench, bench.chaos)."""
+        if not self.kafka.nodes:
+            raise ProcessError("the brokers are external (kafka.external): none is ours")
+        return self.kafka.nodes[0]
 
     def _saved_plan(self) -> StackPlan:
         try:
@@ -108,8 +117,9 @@ class LocalStack:
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.plan_file.write_text(json.dumps(self.plan.__dict__))
-        if self.broker.running() is None:
-            self.broker.start()
+        if not self.settings.kafka.external:
+            self.kafka.start()
+        # External brokers too: the topics this stack needs are its own to create.
         created = create_topics(self.settings.kafka)
         dev_keys = ensure_dev_keys(self.settings.auth)
         environment = self._environment()
@@ -140,9 +150,9 @@ class LocalStack:
         The others keep running: clients and workers ride it out as they do a crash. Returns
         the names restarted."""
         if component == "broker":
-            self.broker.stop()
-            self.broker.start()
-            return ["broker"]
+            if self.settings.kafka.external:
+                raise ProcessError("the brokers are external (kafka.external): not ours to restart")
+            return self.kafka.restart()
         if component == "streaming":
             self.streaming.stop(timeout_s=60.0)
             self.streaming.start([DISPATCH, "streaming"], env=self._environment())
@@ -205,20 +215,24 @@ class LocalStack:
         ]
         if self.streaming.stop(timeout_s=60.0):
             stopped.append("streaming")
-        if self.broker.stop():
-            stopped.append("broker")
+        if not self.settings.kafka.external:
+            stopped += self.kafka.stop()
         return stopped
 
     def status(self) -> list[ComponentStatus]:
-        record = self.broker.running()
-        components = [
-            ComponentStatus(
-                "broker",
-                record.pid if record else None,
-                self.settings.kafka.bootstrap,
-                self.broker.log_file,
-            )
-        ]
+        components = []
+        # External brokers are not this stack's processes: no pid to show or to watch.
+        if not self.settings.kafka.external:
+            for broker in self.kafka.nodes:
+                record = broker.running()
+                components.append(
+                    ComponentStatus(
+                        broker.name,
+                        record.pid if record else None,
+                        broker.node.listener,
+                        broker.log_file,
+                    )
+                )
         managed: list[tuple[ManagedProcess, str]] = []
         if self.plan.streaming:
             managed.append((self.streaming, str(self.settings.paths.warehouse)))

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from api.leader import LeaseExpired
 from dispatch.lease import Lease, LeaseTable, serving_deadline
 from dispatch.settings import Settings
+from dispatch.storage import storage_options
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,12 @@ class Election:
 
     def _step(self) -> None:
         if self._table is None:
-            self._table = LeaseTable(self.settings.paths.warehouse, self.settings.lease)
+            warehouse = self.settings.paths.warehouse
+            self._table = LeaseTable(
+                warehouse,
+                self.settings.lease,
+                storage_options(self.settings.storage, warehouse),
+            )
         table = self._table
         now = time.time()
         with self._lock:

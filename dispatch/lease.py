@@ -23,9 +23,17 @@ older than RETENTION and vacuums data files removed longer than RETENTION ago (`
 best effort: maintenance trouble never turns a won commit into a lost lease. Loads then read one
 checkpoint plus < 100 JSON commits and a directory of a few thousand files at most.
 
+Where: the table lives under a warehouse location, a local path or an object-store URI
+(`s3://bucket/prefix`, dispatch/storage.py) with delta-rs `storage_options`. The compare-and-swap
+needs no lock service on S3: delta-rs writes commit file v+1 with `If-None-Match: *`, so two
+writers of v+1 get one 200 and one 412 (`CommitFailedError`), exactly as two local writers get
+one rename and one "file exists". tests/integration/test_lease_s3.py races contenders on a real
+S3-compatible server to hold it to that.
+
 Measured on the development machine (local disk, 2 cores, deltalake 1.6.6): a renew or a
 takeover takes 15-30 ms (median; load ~7-13 ms, query ~3 ms, commit ~7 ms), a read 10-16 ms,
 maintenance ~30-85 ms once per 100 commits; p90 up to ~100 ms while the machine was busy.
+On S3Proxy on loopback: bench/lease_failover_bench.py.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
@@ -44,6 +52,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from dispatch import storage
 from dispatch.delta_sql import query as delta_query
 from dispatch.delta_sql import sql_text
 from dispatch.settings import LeaseSettings
@@ -58,6 +67,15 @@ _ATTEMPTS = 8
 """Loads per call: a commit lost to an unrelated writer (another group, a vacuum) is retried."""
 _BACKOFF_S = 0.01
 """Up to this long (random) before a retry, so two writers do not stay in step."""
+_LISTING_RACED = ("Invalid table version", "Kernel error: Generic delta kernel error:")
+"""delta-rs' errors (1.6.6) for a `_delta_log` listing that lacks versions ("Expected contiguous
+commit files", "Requested snapshot version ... is not available", "LogSegment end version 7 not
+the same as the specified end version 8"): a listing that raced a writer on a store whose LIST
+is not consistent with its PUTs (S3Proxy's filesystem backend drops the rest of a directory
+when a temporary file vanishes under the listing). Retried as a lost race, at most _ATTEMPTS
+times: a re-evaluation on a fresh listing is always safe (a commit of ours that did land is
+found there as our own live row), it only costs time. Storage failures are OSErrors: not
+retried."""
 
 SCHEMA = pa.schema(
     [
@@ -122,6 +140,10 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
+def _listing_raced(error: Exception) -> bool:
+    return isinstance(error, DeltaError) and str(error).startswith(_LISTING_RACED)
+
+
 def _back_off(attempt: int) -> None:
     if attempt:
         time.sleep(random.uniform(0, _BACKOFF_S * attempt))
@@ -142,22 +164,49 @@ def _literal(value: object) -> str:
     raise TypeError(f"no SQL literal for {value!r}")
 
 
+def _lease_options(
+    location: str, settings: LeaseSettings, options: Mapping[str, str] | None
+) -> dict[str, str] | None:
+    """delta-rs storage options for the lease table: the caller's, with every request (its
+    retries included) bounded by ttl_s on an object store, since an answer that comes after the
+    lease would have expired is worthless, and a holder stuck in one call stops renewing."""
+    if not storage.is_object_store(location):
+        return dict(options) if options else None
+    bound = f"{settings.ttl_s:g}s"
+    return {**(options or {}), "timeout": bound, "retry_timeout": bound}
+
+
 class LeaseTable:
     """The `leases` table under `warehouse`; safe to share between threads (one lock).
+
+    `warehouse` is a local path or an object-store URI; `storage_options` are delta-rs'
+    (`dispatch.storage.storage_options(settings.storage, warehouse)`; none for a local path).
 
     One `DeltaTable` is kept and brought up to date incrementally before each read: loading
     the table afresh costs ~15 ms of CPU (the log since the last checkpoint), an incremental
     update ~1 ms, and a leader and its standbys read or renew twice a second, forever."""
 
-    def __init__(self, warehouse: Path, settings: LeaseSettings) -> None:
+    def __init__(
+        self,
+        warehouse: str | Path,
+        settings: LeaseSettings,
+        storage_options: Mapping[str, str] | None = None,
+    ) -> None:
         # Not streaming.tables: that module describes the tables Spark writes; this one is
         # delta-rs' alone (delta-rs cannot write every feature Spark may add).
-        self.path = warehouse / LEASES
+        self.location = storage.join(warehouse, LEASES)
+        """The table's location: an absolute path or a URI."""
         self.settings = settings
-        self._uri = str(self.path)
+        self._uri = self.location
+        self._options = _lease_options(self.location, settings, storage_options)
         self._lock = threading.RLock()
         self._table: DeltaTable | None = None
         self._create()
+
+    @property
+    def path(self) -> Path:
+        """The table's folder, for a table on local disk (ValueError on an object store)."""
+        return storage.local_path(self.location)
 
     # --- reading -------------------------------------------------------------------------
 
@@ -246,12 +295,13 @@ class LeaseTable:
                 SCHEMA,
                 mode="ignore",
                 configuration=_CONFIGURATION,
+                storage_options=self._options,
                 commit_properties=_NO_RETRY,
             )
         except (DeltaError, OSError):
             # Another node committed version 0 between our existence check and our commit:
             # its table is the same as ours. Anything else (no table after all) is real.
-            if not DeltaTable.is_deltatable(self._uri):
+            if not DeltaTable.is_deltatable(self._uri, storage_options=self._options):
                 raise
 
     def _latest(self) -> DeltaTable:
@@ -260,11 +310,14 @@ class LeaseTable:
         if table is not None:
             try:
                 table.update_incremental()
-            except (DeltaError, OSError):
-                log.warning("lease table %s: reloading", self._uri, exc_info=True)
+            except (DeltaError, OSError) as error:
+                if _listing_raced(error):
+                    log.info("lease table %s: log listing raced a writer; reloading", self._uri)
+                else:
+                    log.warning("lease table %s: reloading", self._uri, exc_info=True)
                 table = None
         if table is None:
-            table = self._table = DeltaTable(self._uri)
+            table = self._table = DeltaTable(self._uri, storage_options=self._options)
         return table
 
     def _row(self, table: DeltaTable, group: str) -> Lease | None:
@@ -337,7 +390,15 @@ class LeaseTable:
             metrics = run()
         except CommitFailedError:
             return "raced"
-        except (DeltaError, OSError):
+        except DeltaError as error:
+            if _listing_raced(error):
+                # Usually raised before our commit file was written (delta-rs lists newer
+                # versions first); either way, re-evaluate on a fresh listing.
+                log.info("lease table %s: log listing raced a writer; retrying", self._uri)
+                return "raced"
+            log.warning("lease table %s: commit failed", self._uri, exc_info=True)
+            return "lost"
+        except OSError:
             # Storage trouble: the lease is not ours as far as we know. If the commit did land,
             # the holder's next try_acquire finds itself holding it live and renews it.
             log.warning("lease table %s: commit failed", self._uri, exc_info=True)

@@ -21,7 +21,7 @@ from dispatch.settings import PROJECT_ROOT, load_settings
 
 MAVEN_DIR = PROJECT_ROOT / "stack" / "maven"
 LOCK_FILE = PROJECT_ROOT / "stack" / "jars.lock"
-JAR_SETS = ("broker", "spark")
+JAR_SETS = ("broker", "spark", "s3", "s3proxy")
 _VERIFIED_STAMP = ".verified"
 
 

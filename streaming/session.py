@@ -49,6 +49,7 @@ def spark_config(
         "spark.executor.extraJavaOptions": utc,
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": str(spark.ui_enabled).lower(),
+        "spark.ui.port": str(spark.ui_port),
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": partitions,
         "spark.default.parallelism": partitions,

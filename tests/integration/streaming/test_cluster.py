@@ -3,25 +3,29 @@ standalone cluster: a master and two workers on loopback, the session's Kafka br
 leader writing the log. The tables must equal the leader's state, and the master must show
 the application with an executor on each worker.
 
-The fold itself still computes on the driver (streaming/batch.py); the executors read Kafka
-and write Delta files. Showing fold tasks on both executors is later work (issue 15).
+The fold computes on the executors (streaming/executor_plan.py): the driver's REST API must
+show the tasks of the batches' fold stages on both of them.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from deltalake.exceptions import TableNotFoundError
 
 from dispatch.settings import Settings, to_environment
 from dispatch.stack.local import DISPATCH
+from dispatch.stack.ports import free_port
 from dispatch.stack.process import ManagedProcess
 from streaming import tables as t
 from streaming.app import QUERY_NAME
+from streaming.executor_plan import FOLD_JOB
 from streaming.snapshot import latest_snapshot
 from tests.integration.api.conftest import short_timeouts
 from tests.integration.streaming.conftest import delta_rs_rows, jobs_of, replay_after
@@ -36,7 +40,7 @@ EXECUTOR_MEMORY = "512m"
 
 def on_cluster(settings: Settings, master_url: str) -> Settings:
     """The same settings with the fold pointed at the cluster (what DISPATCH_SPARK__MASTER etc.
-    do for `dispatch streaming`)."""
+    do for `dispatch streaming`), and the driver's UI on for its REST API."""
     spark = settings.spark.model_copy(
         update={
             "master": master_url,
@@ -44,6 +48,8 @@ def on_cluster(settings: Settings, master_url: str) -> Settings:
             "driver_bind_address": HOST,
             "executor_memory": EXECUTOR_MEMORY,
             "driver_memory": "1g",
+            "ui_enabled": True,
+            "ui_port": free_port(),
         }
     )
     return settings.model_copy(update={"spark": spark})
@@ -63,9 +69,10 @@ def wait_for_tables(
     expected: dict[str, dict[str, Any]],
     epoch: int,
     streaming: ManagedProcess,
-    timeout_s: float = 90.0,
+    timeout_s: float = 240.0,
 ) -> None:
-    """Until the running application has folded everything the leader logged."""
+    """Until the running application has folded everything the leader logged (its first batch
+    starts the executors' Python workers cold: ~30 s each on a busy 2-core machine)."""
     deadline = time.monotonic() + timeout_s
     while True:
         assert streaming.exit_code() is None, f"streaming exited:\n{streaming.log_tail(40)}"
@@ -90,6 +97,26 @@ def registered_app(cluster: SparkCluster, timeout_s: float = 30.0) -> dict[str, 
             return app
         assert time.monotonic() < deadline, f"not registered:\n{cluster.log_tails()}"
         time.sleep(0.5)
+
+
+def fold_tasks_by_executor(settings: Settings) -> Counter[str]:
+    """Successful tasks of the fold stages (the last stage of each job named FOLD_JOB), per
+    executor id, from the driver's REST API."""
+    base = f"http://{HOST}:{settings.spark.ui_port}/api/v1/applications"
+    with httpx.Client(timeout=10.0) as http:
+        (app,) = http.get(base).json()
+        api = f"{base}/{app['id']}"
+        tasks: Counter[str] = Counter()
+        for job in http.get(f"{api}/jobs").json():
+            if not str(job.get("description", "")).startswith(FOLD_JOB):
+                continue
+            stage = max(job["stageIds"])  # the result stage: the mapInArrow fold
+            for attempt in http.get(f"{api}/stages/{stage}").json():
+                listing = f"{api}/stages/{stage}/{attempt['attemptId']}/taskList?length=10000"
+                for task in http.get(listing).json():
+                    if task["status"] == "SUCCESS":
+                        tasks[str(task["executorId"])] += 1
+        return tasks
 
 
 def executors_on_each_worker(
@@ -119,6 +146,7 @@ def test_the_application_runs_on_a_standalone_cluster(topics: Settings, tmp_path
             wait_for_tables(settings, expected, leader.core.epoch, streaming)
             app = registered_app(cluster)
             executors = executors_on_each_worker(cluster, str(app["id"]))
+            fold_tasks = fold_tasks_by_executor(settings)
         finally:
             streaming.stop(timeout_s=60.0)
         assert streaming.exit_code() == 0, streaming.log_tail(40)
@@ -140,3 +168,5 @@ def test_the_application_runs_on_a_standalone_cluster(topics: Settings, tmp_path
         assert [len(on_worker) for on_worker in executors] == [1, 1], executors
         assert all(on_worker[0]["memory"] == 512 for on_worker in executors), executors
         assert app["memoryperexecutor"] == 512, app
+        # The fold ran on both executors (ids "0" and "1"; the driver runs no task here).
+        assert set(fold_tasks) == {"0", "1"}, fold_tasks

@@ -25,6 +25,14 @@ def test_local_defaults_are_loopback_and_leave_executors_alone(tmp_path: Path) -
     assert "spark.pyspark.python" not in config
 
 
+def test_the_ui_and_its_rest_api_are_off_unless_asked_for(tmp_path: Path) -> None:
+    config = spark_config(load_settings(paths={"var": str(tmp_path)}), JARS)
+    assert config["spark.ui.enabled"] == "false"
+    asked = load_settings(paths={"var": str(tmp_path)}, spark={"ui_enabled": True, "ui_port": 4999})
+    config = spark_config(asked, JARS)
+    assert config["spark.ui.enabled"] == "true" and config["spark.ui.port"] == "4999"
+
+
 def test_driver_addresses_come_from_the_settings(tmp_path: Path) -> None:
     settings = load_settings(
         paths={"var": str(tmp_path)},

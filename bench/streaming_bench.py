@@ -206,7 +206,7 @@ def freshness(
     warmup_s: float,
     optimize_every_s: float,
     run_s: float = 1.0,
-    fold_on: str = "executors",
+    fold_on: str = "auto",
 ) -> FreshnessResult:
     from streaming.app import StreamOptions, start
     from streaming.lag import streaming_lag
@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-merge", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
-        "--fold-on", choices=["executors", "driver"], default="executors",
+        "--fold-on", choices=["auto", "executors", "driver"], default="auto",
         help="where the streaming query folds each batch",
     )  # fmt: skip
     args = parser.parse_args(argv)

@@ -33,6 +33,7 @@ from streaming.decode import Topics
 from streaming.maintenance import Maintenance, MaintenancePolicy
 from streaming.progress import latest_progress
 from streaming.rollup import StatsRollup
+from streaming.session import is_local
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 QUERY_NAME = "dispatch-streaming"
+AUTO = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +58,18 @@ class StreamOptions:
     """Compaction and vacuum schedule; None disables maintenance."""
     checkpoint_name: str = "streaming"
     """Folder under `<var>/checkpoints`."""
-    fold_on: str = EXECUTORS
+    fold_on: str = AUTO
     """Where each batch is folded: `executors` (partitioned by job, so the fold grows with the
-    cluster) or `driver` (collected and folded in the driver's Python); docs/streaming.md."""
+    cluster), `driver` (collected and folded in the driver's Python), or `auto`: the driver on
+    a `local[N]` master, the executors on a cluster (docs/streaming.md, *Where the fold
+    runs*: on a 2-core machine the driver's fold keeps up where the executors' does not)."""
+
+
+def fold_place(fold_on: str, master: str) -> str:
+    """`fold_on` with `auto` resolved for the Spark master."""
+    if fold_on != AUTO:
+        return fold_on
+    return DRIVER if is_local(master) else EXECUTORS
 
 
 def topics_of(settings: Settings) -> Topics:
@@ -111,7 +122,12 @@ def start(
     )
     rollup = StatsRollup(warehouse, options.rollup_every_s)
     writer = BatchWriter(
-        warehouse, topics_of(settings), checkpoint, maintenance, rollup, fold_on=options.fold_on
+        warehouse,
+        topics_of(settings),
+        checkpoint,
+        maintenance,
+        rollup,
+        fold_on=fold_place(options.fold_on, settings.spark.master),
     )
     fresh = not (checkpoint / "offsets").is_dir()
     reader = (
@@ -212,7 +228,7 @@ def parse_options(argv: Sequence[str] | None = None) -> tuple[StreamOptions, boo
     parser.add_argument("--no-maintenance", action="store_true", help="never OPTIMIZE/VACUUM")
     parser.add_argument(
         "--fold-on",
-        choices=[EXECUTORS, DRIVER],
+        choices=[AUTO, EXECUTORS, DRIVER],
         default=defaults.fold_on,
         help="where each batch is folded (default: %(default)s)",
     )

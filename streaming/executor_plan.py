@@ -75,6 +75,8 @@ if TYPE_CHECKING:
     from streaming.batch import BatchWriter
 
 _CONTROL_TYPES = (LeaderElected.type, Pruned.type)
+_GROUP_ROW = "group"
+"""`kind` of the rows naming the groups a batch's events belong to (not an `events` kind)."""
 Place = tuple[int, int, int]
 
 
@@ -199,11 +201,17 @@ def plan_on_executors(writer: BatchWriter, batch_df: DataFrame, batch_id: int) -
     positions = writer.positions()
     fold_mark = positions.tables[t.JOBS]
     events_mark = positions.tables[t.EVENTS]
+    # Read from Kafka once: every later step (the explode, the other topics' rows, the rare
+    # `rejected` rows) reads the batch again, and the source filters no topic.
     records = batch_df.select(
         "topic", "partition", "offset", "key", "value",
         F.unix_micros("timestamp").alias("timestamp"),
-    )  # fmt: skip
-    events_records = records.where(_unseen_records(fold_mark, [topics.events]))
+    ).persist(StorageLevel.MEMORY_AND_DISK)  # fmt: skip
+    # The events topic may have a single partition: spread its records over every core before
+    # decoding them (the fold sorts by place, so their order here does not matter).
+    events_records = records.where(_unseen_records(fold_mark, [topics.events])).repartition(
+        spark.sparkContext.defaultParallelism
+    )
     exploded = _map_in_arrow(
         events_records,
         functools.partial(explode_records, batch_id=batch_id),
@@ -213,6 +221,7 @@ def plan_on_executors(writer: BatchWriter, batch_df: DataFrame, batch_id: int) -
         return _plan(writer, spark, records, exploded, batch_id, fold_mark, events_mark)
     finally:
         exploded.unpersist()
+        records.unpersist()
 
 
 def _plan(
@@ -315,7 +324,14 @@ def _plan(
     if refusals:
         bronze = _with_refusals(bronze, refusals)
 
-    rejected, skipped, first = _rejected(writer, records, batch_id, control, refusals)
+    if (
+        any(row["kind"] != EVENT_KIND for row in control)
+        or refusals
+        or _has(bronze, topics.rejected)
+    ):
+        rejected, skipped, first = _rejected(writer, records, batch_id, control, refusals)
+    else:
+        rejected, skipped, first = t.empty_table(t.REJECTED), 0, None
     touched_keys: set[JobKey] = set()
     closed_touched: list[JobKey] = []
     if prunes:
@@ -338,6 +354,18 @@ def _plan(
         skipped_records=skipped,
         first_reason=first,
     )
+
+
+def _null(frame: DataFrame, name: str) -> Column:
+    """A NULL of the type of `frame`'s column `name`, named `name`."""
+    from pyspark.sql import functions as F
+
+    return F.lit(None).cast(frame.schema[name].dataType).alias(name)
+
+
+def _has(bronze: pa.Table, topic: str) -> bool:
+    """Whether the batch's `events` rows hold a record of `topic`."""
+    return bool(pc.any(pc.equal(bronze.column("topic"), topic)).as_py())
 
 
 def _struct_table(column: pa.ChunkedArray) -> pa.Table:

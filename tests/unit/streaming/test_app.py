@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dispatch.settings import load_settings
-from streaming.app import checkpoint_dir, parse_options, topics_of
+from streaming.app import checkpoint_dir, fold_place, parse_options, topics_of
 from streaming.batch import BatchWriter
 from streaming.decode import Topics
 
@@ -20,8 +20,16 @@ def test_command_line_options() -> None:
     assert available_now
     defaults, later = parse_options([])
     assert defaults.maintenance is not None and not later
-    assert defaults.fold_on == "executors"
-    assert parse_options(["--fold-on", "driver"])[0].fold_on == "driver"
+    assert defaults.fold_on == "auto"
+    assert parse_options(["--fold-on", "executors"])[0].fold_on == "executors"
+
+
+def test_auto_folds_on_the_driver_locally_and_on_the_executors_of_a_cluster() -> None:
+    assert fold_place("auto", "local[2]") == "driver"
+    assert fold_place("auto", "local") == "driver"
+    assert fold_place("auto", "spark://10.0.0.1:7077") == "executors"
+    assert fold_place("executors", "local[2]") == "executors"
+    assert fold_place("driver", "spark://10.0.0.1:7077") == "driver"
 
 
 def test_an_unknown_fold_place_is_refused() -> None:

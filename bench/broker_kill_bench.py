@@ -29,7 +29,6 @@ every accepted job succeeded, nothing twice means no job has two `Completed` eve
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -37,19 +36,26 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from kafka import KafkaAdminClient
 
-from bench.failover_bench import Outcome, distinct_free_ports, p50_max, wait_all_succeeded
+from bench.failover_bench import (
+    Outcome,
+    distinct_free_ports,
+    p50_max,
+    running_stack,
+    wait_all_succeeded,
+)
 from bench.restart_bench import Load, wait_for
 from bench.stats import machine
 from dispatch.settings import Settings, load_settings
-from dispatch.stack.broker import Broker, free_port_run, wait_in_sync
-from dispatch.stack.local import LocalStack, StackPlan
+from dispatch.stack.broker import Broker, wait_in_sync
+from dispatch.stack.local import LocalStack
+from dispatch.stack.ports import free_port_run
 
 BROKERS = 3
 PAUSE_GOAL_S = 5.0
@@ -114,18 +120,6 @@ def cluster_settings(scratch: Path) -> Settings:
     )
 
 
-@contextlib.contextmanager
-def running_cluster_stack(settings: Settings) -> Iterator[LocalStack]:
-    """`up` (three brokers, topics, both nodes); `down` whatever happens: each process is
-    stopped by the pid its pid file records."""
-    stack = LocalStack(settings, StackPlan(streaming=False, workers=0))
-    try:
-        stack.up()
-        yield stack
-    finally:
-        stack.down()
-
-
 def events_leader(settings: Settings) -> int:
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap, client_id="kill-bench")
     try:
@@ -180,7 +174,7 @@ def run(
     rounds: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="dispatch-broker-kill-") as scratch:
         settings = cluster_settings(Path(scratch))
-        with running_cluster_stack(settings) as stack:
+        with running_stack(settings, streaming=False) as stack:
             keys = ensure_dev_keys(settings.auth)
             urls = [node.url for node in stack.nodes]
             with Load(urls, keys, every_s) as load:

@@ -291,10 +291,10 @@ def stack_settings(scratch: Path) -> Settings:
 
 
 @contextlib.contextmanager
-def running_stack(settings: Settings) -> Iterator[LocalStack]:
-    """`up` (broker, topics, streaming fold, both nodes); `down` whatever happens: each
-    process is stopped by the pid its pid file records."""
-    stack = LocalStack(settings, StackPlan(streaming=True, workers=0))
+def running_stack(settings: Settings, *, streaming: bool = True) -> Iterator[LocalStack]:
+    """`up` (the brokers, topics, the streaming fold unless not `streaming`, the nodes);
+    `down` whatever happens: each process is stopped by the pid its pid file records."""
+    stack = LocalStack(settings, StackPlan(streaming=streaming, workers=0))
     try:
         stack.up()
         yield stack

@@ -197,7 +197,6 @@ class LeaseTable:
         self.location = storage.join(warehouse, LEASES)
         """The table's location: an absolute path or a URI."""
         self.settings = settings
-        self._uri = self.location
         self._options = _lease_options(self.location, settings, storage_options)
         self._lock = threading.RLock()
         self._table: DeltaTable | None = None
@@ -291,7 +290,7 @@ class LeaseTable:
             # No retries: with them, the loser of a creation race commits a second CREATE TABLE
             # (a new table id) as version 1 instead of failing (deltalake 1.6.6).
             DeltaTable.create(
-                self._uri,
+                self.location,
                 SCHEMA,
                 mode="ignore",
                 configuration=_CONFIGURATION,
@@ -301,7 +300,7 @@ class LeaseTable:
         except (DeltaError, OSError):
             # Another node committed version 0 between our existence check and our commit:
             # its table is the same as ours. Anything else (no table after all) is real.
-            if not DeltaTable.is_deltatable(self._uri, storage_options=self._options):
+            if not DeltaTable.is_deltatable(self.location, storage_options=self._options):
                 raise
 
     def _latest(self) -> DeltaTable:
@@ -312,12 +311,12 @@ class LeaseTable:
                 table.update_incremental()
             except (DeltaError, OSError) as error:
                 if _listing_raced(error):
-                    log.info("lease table %s: log listing raced a writer; reloading", self._uri)
+                    log.info("lease table %s: log listing raced a writer; reloading", self.location)
                 else:
-                    log.warning("lease table %s: reloading", self._uri, exc_info=True)
+                    log.warning("lease table %s: reloading", self.location, exc_info=True)
                 table = None
         if table is None:
-            table = self._table = DeltaTable(self._uri, storage_options=self._options)
+            table = self._table = DeltaTable(self.location, storage_options=self._options)
         return table
 
     def _row(self, table: DeltaTable, group: str) -> Lease | None:
@@ -394,14 +393,14 @@ class LeaseTable:
             if _listing_raced(error):
                 # Usually raised before our commit file was written (delta-rs lists newer
                 # versions first); either way, re-evaluate on a fresh listing.
-                log.info("lease table %s: log listing raced a writer; retrying", self._uri)
+                log.info("lease table %s: log listing raced a writer; retrying", self.location)
                 return "raced"
-            log.warning("lease table %s: commit failed", self._uri, exc_info=True)
+            log.warning("lease table %s: commit failed", self.location, exc_info=True)
             return "lost"
         except OSError:
             # Storage trouble: the lease is not ours as far as we know. If the commit did land,
             # the holder's next try_acquire finds itself holding it live and renews it.
-            log.warning("lease table %s: commit failed", self._uri, exc_info=True)
+            log.warning("lease table %s: commit failed", self.location, exc_info=True)
             return "lost"
         if metrics.get(count) != 1:
             return "lost"
@@ -420,4 +419,4 @@ class LeaseTable:
                 post_commithook_properties=_NO_HOOKS,
             )
         except (DeltaError, OSError):
-            log.warning("lease table %s: maintenance failed", self._uri, exc_info=True)
+            log.warning("lease table %s: maintenance failed", self.location, exc_info=True)

@@ -86,15 +86,6 @@ def local_path(location: str | Path) -> Path:
     raise ValueError(f"not a local location: {location!r}")
 
 
-def bucket_and_key(location: str | Path) -> tuple[str, str]:
-    """(`bucket`, `key prefix`) of an `s3://bucket/prefix` location."""
-    if scheme(location) not in S3_SCHEMES:
-        raise ValueError(f"not an S3 location: {location!r}")
-    rest = normalize(location).split("://", 1)[1]
-    bucket, _, key = rest.partition("/")
-    return bucket, key
-
-
 def _is_loopback(endpoint: str) -> bool:
     host = urlsplit(endpoint).hostname or ""
     if host == "localhost":

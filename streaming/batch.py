@@ -86,7 +86,7 @@ from streaming.fold import (
     prune_groups,
     touched_jobs,
 )
-from streaming.planned import Planned
+from streaming.planned import JOBS_SOURCE, Planned
 from streaming.progress import BATCH, PRUNE, Committed, Progress, latest_progress_of
 from streaming.rollup import StatsRollup, stats_row
 from streaming.stats import MinuteStats, StatsKey
@@ -177,6 +177,16 @@ class _Plan:
     touched: set[JobKey]
     current: dict[JobKey, JobState]
     fold: BatchFold
+
+    def skipped(self) -> tuple[int, str | None]:
+        """How many events records the fold did not take whole, and why the first was not."""
+        refusals = self.refusals()
+        first: str | None = None
+        if self.undecodable:
+            first = self.undecodable[0].reason
+        elif refusals:
+            first = refusal_reason(next(iter(refusals.values()))[0])
+        return len(self.undecodable) + len(refusals), first
 
     def refusals(self) -> dict[tuple[int, int], list[Refused]]:
         """Every refused event (screened out or not fitting its job), by its record's
@@ -412,20 +422,14 @@ class BatchWriter:
         closed_touched: list[JobKey] = []
         if plan.fold.prunes:
             closed_touched = [key for key, state in plan.current.items() if state.part == CLOSED]
-        refusals = plan.refusals()
-        skipped = len(plan.undecodable) + len(refusals)
-        first: str | None = None
-        if plan.undecodable:
-            first = plan.undecodable[0].reason
-        elif refusals:
-            first = refusal_reason(next(iter(refusals.values()))[0])
+        skipped, first = plan.skipped()
         return Planned(
             events=t.arrow_rows(t.EVENTS, self.events_rows(batch_id, plan)),
             rejected=t.arrow_rows(t.REJECTED, self.rejected_rows(batch_id, plan)),
             stats=plan.fold.stats.rows,
             jobs_source=self.jobs_source(plan.fold),
             fence_after=plan.fence_after,
-            archived=[_archive_row(life) for life in plan.fold.archived],
+            archived=[archived_row(life) for life in plan.fold.archived],
             prunes=plan.fold.prunes,
             touched=plan.touched if plan.fold.prunes else set(),
             closed_touched=closed_touched,
@@ -737,13 +741,4 @@ class BatchWriter:
                 row = job_row(group, state)
                 row["_delete"] = False
             rows.append(row)
-        return pa.Table.from_pylist(rows, schema=_JOBS_SOURCE)
-
-
-_JOBS_SOURCE = t.SCHEMAS[t.JOBS].append(pa.field("_delete", pa.bool_()))
-
-
-def _archive_row(life: Any) -> dict[str, Any]:
-    row = archived_row(life)
-    row["date"] = dt.datetime.fromtimestamp(row["updated_at"], UTC).date()
-    return row
+        return pa.Table.from_pylist(rows, schema=JOBS_SOURCE)

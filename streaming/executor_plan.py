@@ -45,7 +45,6 @@ from streaming.decode import (
     Refused,
     decode_events,
     kafka_rows,
-    refusal_reason,
     screen_events,
 )
 from streaming.fold import OPEN, BatchFold, JobKey
@@ -63,7 +62,6 @@ from streaming.partition_fold import (
     explode_records,
     fold_partition,
     logged_event,
-    merged_stats,
     prune_steps,
 )
 from streaming.planned import Planned
@@ -78,6 +76,8 @@ _CONTROL_TYPES = (LeaderElected.type, Pruned.type)
 _GROUP_ROW = "group"
 """`kind` of the rows naming the groups a batch's events belong to (not an `events` kind)."""
 Place = tuple[int, int, int]
+_PLACE_COLUMNS = ("partition", "offset", "idx", "record_epoch", "body")
+"""An event's place and what it is: NULL in the rows that stand for something else."""
 
 
 def _map_in_arrow(frame: DataFrame, function: Any, schema: pa.Schema) -> DataFrame:
@@ -88,7 +88,7 @@ def _map_in_arrow(frame: DataFrame, function: Any, schema: pa.Schema) -> DataFra
         warnings.filterwarnings(
             "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
         )
-        return frame.mapInArrow(function, _spark_schema(schema))
+        return frame.mapInArrow(function, t.spark_schema_of(schema))
 
 
 FOLD_JOB = "dispatch fold"
@@ -105,12 +105,6 @@ def _described(spark: Any, description: str) -> Iterator[None]:
         yield
     finally:
         context.setLocalProperty("spark.job.description", None)
-
-
-def _spark_schema(schema: pa.Schema) -> Any:
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(schema, prefer_timestamp_ntz=False)
 
 
 def _unseen(marks: Mapping[int, int]) -> Column:
@@ -238,25 +232,42 @@ def _plan(
     topics = writer.topics
     positions = writer.positions()
     is_event = F.col("kind") == EVENT_KIND
-    # Step 2: the rows the fence, the prunes and the refusals depend on (few).
-    control = [
+    # Step 2: the rows the fence, the prunes and the refusals depend on (few), and a row per
+    # group the batch's events name, in one Spark job.
+    columns = ["kind", "dispatch_group", *_PLACE_COLUMNS]
+    names_groups = (
+        exploded.where(is_event)
+        .select("dispatch_group")
+        .distinct()
+        .select(
+            F.lit(_GROUP_ROW).alias("kind"),
+            *[
+                _null(exploded.schema, name)
+                for name in columns
+                if name not in ("kind", "dispatch_group")
+            ],
+            "dispatch_group",
+        )
+    )
+    rows = [
         row.asDict()
         for row in exploded.where(~is_event | F.col("type").isin(*_CONTROL_TYPES))
-        .select("kind", "partition", "offset", "idx", "dispatch_group", "record_epoch", "body")
+        .select(*columns)
+        .unionByName(names_groups)
         .collect()
     ]
-    groups = [
-        row[0] for row in exploded.where(is_event).select("dispatch_group").distinct().collect()
-    ]
+    control = [row for row in rows if row["kind"] != _GROUP_ROW]
+    groups = [row["dispatch_group"] for row in rows if row["kind"] == _GROUP_ROW]
     fence, prunes = run_fence(
         positions.fence, groups, [row for row in control if row["kind"] == EVENT_KIND]
     )
     admitted = fence.admitted()
 
     # Step 3: the fold, partitioned by job.
+    fold_input = t.spark_schema_of(FOLD_INPUT)
     job_events = exploded.where(is_event & F.col("job_id").isNotNull() & admitted).select(
         "dispatch_group", "job_id", "partition", "offset", "idx", "record_epoch", "body",
-        F.lit(None).cast(_spark_schema(FOLD_INPUT)["row"].dataType).alias("row"),
+        _null(fold_input, "row"),
     )  # fmt: skip
     touched = job_events.select("dispatch_group", "job_id").distinct()
     jobs = spark.read.format("delta").load(str(writer.paths[t.JOBS]))
@@ -274,12 +285,11 @@ def _plan(
             "left_semi",
         )
     )
-    input_types = {field.name: field.dataType for field in _spark_schema(FOLD_INPUT).fields}
     current_rows = current.select(
         F.col("dispatch_group"),
         F.col("id").alias("job_id"),
         *[
-            F.lit(None).cast(input_types[name]).alias(name)
+            _null(fold_input, name)
             for name in ("partition", "offset", "idx", "record_epoch", "body")
         ],
         F.struct(*[F.col(name) for name in t.SCHEMAS[t.JOBS].names]).alias("row"),
@@ -305,7 +315,8 @@ def _plan(
         .select(["partition", "offset", "idx", "reason"])
         .to_pylist()
     )
-    stats = aggregate(merged_stats(of_kind(KIND_STATS, "stats").to_pylist()))
+    # Each partition counted its own jobs: summed per key, one `stats_partial` row a key.
+    stats = aggregate(of_kind(KIND_STATS, "stats").to_pylist())
     archived = [dict(row) for row in of_kind(KIND_ARCHIVED, "archived").to_pylist()]
 
     # Step 4: the `events` rows with their fence verdict, and the other topics' rows.
@@ -356,11 +367,11 @@ def _plan(
     )
 
 
-def _null(frame: DataFrame, name: str) -> Column:
-    """A NULL of the type of `frame`'s column `name`, named `name`."""
+def _null(schema: Any, name: str) -> Column:
+    """A NULL of the type of the Spark `schema`'s field `name`, named `name`."""
     from pyspark.sql import functions as F
 
-    return F.lit(None).cast(frame.schema[name].dataType).alias(name)
+    return F.lit(None).cast(schema[name].dataType).alias(name)
 
 
 def _has(bronze: pa.Table, topic: str) -> bool:
@@ -439,11 +450,5 @@ def _rejected(
         current={},
         fold=fold,
     )
-    refused_records = plan.refusals()
-    first: str | None = None
-    if undecodable:
-        first = undecodable[0].reason
-    elif refused_records:
-        first = refusal_reason(next(iter(refused_records.values()))[0])
-    rejected = t.arrow_rows(t.REJECTED, writer.rejected_rows(batch_id, plan))
-    return rejected, len(undecodable) + len(refused_records), first
+    skipped, first = plan.skipped()
+    return t.arrow_rows(t.REJECTED, writer.rejected_rows(batch_id, plan)), skipped, first

@@ -24,6 +24,7 @@ its latest attempt started).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -479,8 +480,9 @@ class _JobWalk:
 
 
 def archived_row(life: ArchivedLife) -> dict[str, Any]:
-    """The `jobs_archive` row of a pruned life."""
+    """The `jobs_archive` row of a pruned life (`date`: the UTC day of its last update)."""
     row = job_row(life.group, life.state)
     del row["part"]
     row["archived_at"] = life.archived_at
+    row["date"] = dt.datetime.fromtimestamp(row["updated_at"], dt.UTC).date()
     return row

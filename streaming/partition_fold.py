@@ -21,7 +21,6 @@ run" (per-group operators cost 5-40x the reducer itself here).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -54,7 +53,8 @@ from streaming.fold import (
     job_row,
     job_state,
 )
-from streaming.rollup import aggregate, stats_row
+from streaming.planned import JOBS_SOURCE
+from streaming.rollup import stats_row
 
 EVENT_KIND = "event"
 """`events.kind` of a decoded event (the others: `refused`, `undecodable`)."""
@@ -63,8 +63,8 @@ KAFKA_COLUMNS = ("topic", "partition", "offset", "key", "value", "timestamp")
 """Stage 1's input: the Kafka source's columns, `timestamp` as microseconds since the epoch
 (a producer-set time past year 9999 must not fail the conversion for the whole batch)."""
 
-JOB_ROW = pa.struct([*t.SCHEMAS[t.JOBS], pa.field("_delete", pa.bool_())])
-"""A `jobs` MERGE source row: the table's columns and whether the job leaves `jobs`."""
+JOB_ROW = pa.struct(list(JOBS_SOURCE))
+"""A `jobs` MERGE source row, as a struct (`streaming.planned.JOBS_SOURCE`)."""
 _JOB_ROW_NAMES: list[str] = [field.name for field in JOB_ROW]
 
 FOLD_INPUT = pa.schema(
@@ -234,9 +234,7 @@ def fold_partition(
             job["_delete"] = False
         out.append({"kind": KIND_JOB, "job": job})
     for life in fold.archived:
-        archived = archived_row(life)
-        archived["date"] = _day(archived["updated_at"])
-        out.append({"kind": KIND_ARCHIVED, "archived": archived})
+        out.append({"kind": KIND_ARCHIVED, "archived": archived_row(life)})
     for refused in fold.refused:
         place = refused.logged
         out.append(
@@ -268,14 +266,3 @@ def _read_row(
 
 def _counted_from(stats_from: Mapping[int, int]) -> Callable[[LoggedEvent], bool]:
     return lambda event: event.offset >= stats_from.get(event.partition, 0)
-
-
-def _day(at: float) -> dt.date:
-    return dt.datetime.fromtimestamp(at, dt.UTC).date()
-
-
-def merged_stats(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The partitions' `stats` rows summed per key: one `stats_partial` row per key and batch,
-    as the driver's fold writes."""
-    merged = aggregate(dict(row) for row in rows)
-    return [stats_row(key, merged[key]) for key in sorted(merged)]

@@ -10,8 +10,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from streaming import tables as t
 from streaming.fold import JobKey, PruneStep
 from streaming.stats import MinuteStats, StatsKey
+
+JOBS_SOURCE = t.SCHEMAS[t.JOBS].append(pa.field("_delete", pa.bool_()))
+"""The `jobs` MERGE source: the table's columns and whether the job leaves `jobs`."""
 
 
 @dataclass
@@ -25,7 +29,8 @@ class Planned:
     stats: dict[StatsKey, MinuteStats]
     """The batch's statistics, not counted before (`stats_partial` gets a row per key)."""
     jobs_source: pa.Table
-    """The `jobs` MERGE source: a row per touched job (`_delete`: pruned, gone)."""
+    """The `jobs` MERGE source (`JOBS_SOURCE`): a row per touched job (`_delete`: pruned,
+    gone)."""
     fence_after: dict[str, int]
     """Each group's fence epoch after the batch."""
     archived: list[dict[str, Any]] = field(default_factory=list)

@@ -189,9 +189,14 @@ def table_path(warehouse: Path, name: str) -> Path:
 
 
 def spark_schema(name: str) -> StructType:
+    return spark_schema_of(SCHEMAS[name])
+
+
+def spark_schema_of(schema: pa.Schema) -> StructType:
+    """An Arrow schema as Spark's (timestamps with their time zone)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    return from_arrow_schema(SCHEMAS[name], prefer_timestamp_ntz=False)
+    return from_arrow_schema(schema, prefer_timestamp_ntz=False)
 
 
 def empty_table(name: str) -> pa.Table:

@@ -426,26 +426,6 @@ def _stop_all(nodes: list[Broker], timeout_s: float) -> list[str]:
     return sorted(stopped)
 
 
-def free_port_run(count: int, host: str = "127.0.0.1") -> int:
-    """The first of `count` consecutive ports free on `host` now: a local cluster's ports are
-    derived from one (tests and benches, which must not collide with a developer's stack)."""
-    for _attempt in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((host, 0))
-            first: int = probe.getsockname()[1]
-        if first + count > 65536:
-            continue
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(first, first + count):
-                    taken = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                    taken.bind((host, port))
-            except OSError:
-                continue
-        return first
-    raise BrokerError(f"found no {count} consecutive free ports on {host}")
-
-
 def under_replicated(described: list[dict[str, Any]]) -> list[str]:
     """ "topic[partition]" of each partition in `describe_topics` output with fewer replicas
     in sync than it has, or with no leader."""

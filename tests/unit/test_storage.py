@@ -9,7 +9,6 @@ import pytest
 from dispatch.lease import LEASES, LeaseTable
 from dispatch.settings import LeaseSettings, StorageSettings, load_settings
 from dispatch.storage import (
-    bucket_and_key,
     is_object_store,
     is_uri,
     join,
@@ -58,10 +57,6 @@ def test_normalize_and_local_paths() -> None:
     assert local_path("file:///srv/delta") == Path("/srv/delta")
     with pytest.raises(ValueError):
         local_path("s3://bucket/delta")
-    assert bucket_and_key("s3://bucket/a/b/") == ("bucket", "a/b")
-    assert bucket_and_key("s3a://bucket") == ("bucket", "")
-    with pytest.raises(ValueError):
-        bucket_and_key("/srv/delta")
 
 
 def test_a_local_location_needs_no_options() -> None:

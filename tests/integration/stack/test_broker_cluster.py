@@ -17,17 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError
 
 from api.kafka_log import EventLog
 from api.submit_producer import SubmitProducer, SubmitUnavailable
+from bench.chaos import read_topic
 from dispatch.core.commands import SubmitRequest
 from dispatch.settings import Settings, load_settings, with_namespace
-from dispatch.stack.broker import Broker, KafkaCluster, create_topics, free_port_run
+from dispatch.stack.broker import Broker, KafkaCluster, create_topics
 from dispatch.stack.local import LocalStack, StackPlan
-from dispatch.stack.ports import free_port
+from dispatch.stack.ports import free_port, free_port_run
 
 pytestmark = pytest.mark.integration
 
@@ -230,31 +231,9 @@ def _commit(settings: Settings, writer: Writer) -> None:
 
 
 def _read_committed(settings: Settings, topic: str, keys: bool) -> set[str]:
-    consumer = KafkaConsumer(
-        bootstrap_servers=settings.kafka.bootstrap,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        group_id=None,
-    )
-    try:
-        partitions = [
-            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
-        ]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        end = consumer.end_offsets(partitions)
-        seen: set[str] = set()
-        deadline = time.monotonic() + 30
-        while any(consumer.position(p) < end[p] for p in partitions):
-            assert time.monotonic() < deadline, "the log could not be read back"
-            for records in consumer.poll(timeout_ms=500).values():
-                for record in records:
-                    raw = record.key if keys else record.value
-                    if raw is not None:
-                        seen.add(raw.decode())
-        return seen
-    finally:
-        consumer.close()
+    """The keys (or values) of every committed record of `topic`, as text."""
+    raws = (record.key if keys else record.value for record in read_topic(settings, topic, 30.0))
+    return {raw.decode() for raw in raws if raw is not None}
 
 
 def _partition_leader(settings: Settings, topic: str) -> int:

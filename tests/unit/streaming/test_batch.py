@@ -19,9 +19,9 @@ from dispatch.core.job import JobRecord
 from dispatch.event_records import decode_batch, encode_batch
 from streaming import guard
 from streaming import tables as t
-from streaming.batch import BatchWriter, _archive_row, _Positions, batch_end_offsets, query_id
+from streaming.batch import BatchWriter, _Positions, batch_end_offsets, query_id
 from streaming.decode import KafkaRow, Topics
-from streaming.fold import JobKey, JobState, job_row, job_state
+from streaming.fold import JobKey, JobState, archived_row, job_row, job_state
 from streaming.progress import BATCH, Progress, latest_progress
 from streaming.snapshot import latest_snapshot
 from tests.unit.streaming.hostile import hostile_record
@@ -108,7 +108,7 @@ def all_rows_fit(writer: BatchWriter, rows: list[KafkaRow]) -> dict[str, Any]:
         ),
         t.JOBS: writer.jobs_source(plan.fold),
         t.JOBS_ARCHIVE: t.arrow_rows(
-            t.JOBS_ARCHIVE, [_archive_row(life) for life in plan.fold.archived]
+            t.JOBS_ARCHIVE, [archived_row(life) for life in plan.fold.archived]
         ),
     }
     return {"plan": plan, **tables}

@@ -15,14 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dispatch.core.events import Completed, Pruned
+from dispatch.core.events import Completed, LeaderElected, Pruned
 from streaming import tables as t
 from streaming.decode import KafkaRow, LoggedEvent, Refused
+from streaming.executor_plan import run_fence
 from streaming.fold import (
     ArchivedLife,
     BatchFold,
     JobKey,
     JobState,
+    fence_batch,
     fold_batch,
     job_row,
     job_state,
@@ -38,14 +40,13 @@ from streaming.partition_fold import (
     explode_other_records,
     explode_records,
     fold_partition,
-    merged_stats,
     prune_steps,
 )
 from streaming.rollup import aggregate, stats_row
 from streaming.stats import StatsAccumulator
 from tests.unit.streaming.hostile import hostile_record
 from tests.unit.streaming.test_batch import WHEN, InMemoryWriter, events_rows_of, poison_values
-from tests.unit.streaming.test_fold import Tables, fold_in_batches
+from tests.unit.streaming.test_fold import Tables, fold_in_batches, logged_events
 from tests.unit.streaming.workload import GROUP, mixed_workload, random_workload
 
 # --- stage 1 -----------------------------------------------------------------------------------
@@ -231,7 +232,7 @@ class Partitioned:
                 assert row["kind"] == KIND_STATS
         stats = [row["stats"] for row in outputs if row["kind"] == KIND_STATS]
         fold.stats = StatsAccumulator()
-        fold.stats.rows = aggregate(merged_stats(stats))
+        fold.stats.rows = aggregate(stats)
         fold.refused.sort(key=lambda refused: (refused.logged.partition, refused.logged.offset,
                                                refused.logged.index))  # fmt: skip
         return fold
@@ -283,11 +284,7 @@ def test_an_event_that_does_not_fit_is_refused_by_its_partition() -> None:
     """A `completed` for a job no partition holds a row of is refused, with the driver's
     reason, and the partition's other jobs fold."""
     workload = mixed_workload()
-    events = [
-        LoggedEvent(0, offset, index, GROUP, record.epoch, event)
-        for offset, record in enumerate(workload.log)
-        for index, event in enumerate(record.events)
-    ]
+    events = logged_events(workload)
     stray = Completed(epoch=1, at=events[-1].event.at, job_id="job-nobody",
                       worker_id="w", attempt=1, lease="l", result=None)  # fmt: skip
     events.append(LoggedEvent(0, len(workload.log), 0, GROUP, 1, stray))
@@ -299,11 +296,7 @@ def test_an_event_that_does_not_fit_is_refused_by_its_partition() -> None:
 
 def test_a_row_that_does_not_read_back_refuses_its_jobs_events() -> None:
     workload = mixed_workload()
-    logged = [
-        LoggedEvent(0, offset, index, GROUP, record.epoch, event)
-        for offset, record in enumerate(workload.log)
-        for index, event in enumerate(record.events)
-    ]
+    logged = logged_events(workload)
     job = next(e for e in logged if getattr(e.event, "job_id", None) is not None)
     broken = {"dispatch_group": GROUP, "id": job.event.job_id, "status": "nonsense"}  # type: ignore[attr-defined]
     rows = [
@@ -321,12 +314,7 @@ def test_a_row_that_does_not_read_back_refuses_its_jobs_events() -> None:
 
 def test_statistics_already_counted_are_not_counted_again() -> None:
     workload = mixed_workload()
-    logged = [
-        LoggedEvent(0, offset, index, GROUP, record.epoch, event)
-        for offset, record in enumerate(workload.log)
-        for index, event in enumerate(record.events)
-        if record.epoch == 1
-    ]
+    logged = [event for event in logged_events(workload) if event.record_epoch == 1]
     rows = [
         {"dispatch_group": GROUP, "job_id": e.event.job_id, "partition": 0, "offset": e.offset,  # type: ignore[attr-defined]
          "idx": e.index, "record_epoch": 1, "body": body(e), "row": None}
@@ -350,5 +338,39 @@ def test_stats_rows_of_partitions_merge_into_one_row_per_key() -> None:
     row: dict[str, Any] = dict.fromkeys(t.SCHEMAS[t.STATS_PARTIAL].names)
     row.update(date=minute.date(), minute=minute, dispatch_group="g", exec="e", client_id="c",
                submitted=2, queue_wait_n=0, run_time_n=0)  # fmt: skip
-    merged = merged_stats([row, {**row, "submitted": 3}])
-    assert len(merged) == 1 and merged[0]["submitted"] == 5
+    merged = aggregate([row, {**row, "submitted": 3}])
+    assert len(merged) == 1 and next(iter(merged.values())).counters["submitted"] == 5
+
+
+@pytest.mark.parametrize("prune", [False, True])
+def test_the_fence_from_the_control_rows_is_the_drivers(prune: bool) -> None:
+    """`run_fence` sees only the batch's elections and prunes; every event's verdict from its
+    group's raised fence (what `Fence.admitted` writes as a Spark column) must equal the
+    driver's `fence_batch`, zombie writes after the failover included."""
+    events = logged_events(mixed_workload(prune=prune))
+    admitted, after = fence_batch(events, {GROUP: 1})
+    control = [
+        {"partition": e.partition, "offset": e.offset, "idx": e.index,
+         "dispatch_group": e.group, "record_epoch": e.record_epoch, "body": body(e)}
+        for e in events if isinstance(e.event, LeaderElected | Pruned)
+    ]  # fmt: skip
+    random.Random(3).shuffle(control)  # collected rows come in no order
+    fence, prunes = run_fence({GROUP: 1}, {e.group for e in events}, control)
+    assert fence.after == after
+
+    def verdict(event: LoggedEvent) -> bool:
+        threshold = fence.before.get(event.group, 0)
+        for place, epoch in fence.raised.get(event.group, []):
+            if (event.partition, event.offset, event.index) >= place:
+                threshold = epoch
+        return event.event.epoch >= threshold
+
+    assert [verdict(event) for event in events] == admitted
+    assert not all(admitted)  # the zombie's writes are fenced
+    admitted_prunes = [
+        (e.partition, e.offset, e.index)
+        for e, ok in zip(events, admitted, strict=True)
+        if ok and isinstance(e.event, Pruned)
+    ]
+    assert [(p.partition, p.offset, p.idx) for p in prunes] == admitted_prunes
+    assert bool(prunes) == prune

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from api.leader import LeaseExpired
 from dispatch.lease import Lease, LeaseTable, serving_deadline
 from dispatch.settings import Settings
-from dispatch.storage import storage_options
+from dispatch.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +144,9 @@ class Election:
 
     def _step(self) -> None:
         if self._table is None:
-            warehouse = self.settings.paths.warehouse
+            warehouse = Warehouse.of(self.settings)
             self._table = LeaseTable(
-                warehouse,
-                self.settings.lease,
-                storage_options(self.settings.storage, warehouse),
+                warehouse.location, self.settings.lease, warehouse.storage_options
             )
         table = self._table
         now = time.time()

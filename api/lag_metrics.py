@@ -45,13 +45,14 @@ class LagGauges:
                 log.warning("measuring the streaming lag failed", exc_info=True)
 
     def _measure(self) -> None:
+        from dispatch.warehouse import Warehouse
         from streaming.lag import LagProbe, last_batch_age_s  # kafka-python + delta-rs
 
         if self._probe is None:
             self._probe = LagProbe(self.settings, client_id="dispatch-api-lag")
         for topic, records in self._probe.measure().items():
             self.metrics.streaming_lag.labels(topic).set(records)
-        age = last_batch_age_s(self.settings.paths.warehouse)
+        age = last_batch_age_s(Warehouse.of(self.settings))
         self.metrics.streaming_batch_age.set(-1.0 if age is None else age)
 
     def close(self) -> None:

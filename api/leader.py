@@ -301,13 +301,14 @@ class Leader:
 
     def _rebuild(self, client_id: str) -> None:
         """Load the newest Delta snapshot and replay the log after it; or the whole log."""
+        from dispatch.warehouse import Warehouse
         from streaming.snapshot import latest_snapshot  # delta-rs only, no JVM
 
         settings = self.settings
         config = settings.dispatcher.core_config()
         start: dict[int, int] | None = None
         try:
-            snapshot = latest_snapshot(settings.paths.warehouse, self.group)
+            snapshot = latest_snapshot(Warehouse.of(settings), self.group)
         except Exception as error:  # noqa: BLE001  (a broken snapshot must not stop a failover)
             log.warning("leader %s: no usable snapshot (%r): full replay", self.node_id, error)
             snapshot = None

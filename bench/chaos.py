@@ -81,6 +81,7 @@ from dispatch.event_records import decode_batch
 from dispatch.settings import Settings, to_environment
 from dispatch.stack.local import DISPATCH, LocalStack
 from dispatch.stack.process import ManagedProcess, is_running
+from dispatch.warehouse import Warehouse
 
 CANARY_PRIORITY = 1000
 BATCH_EVERY_S = 0.1
@@ -397,8 +398,8 @@ class Chaos:
         record = self.stack.streaming.record()
         if record is None:
             raise RuntimeError("the streaming fold is not running")
-        jobs_table = t.table_path(self.settings.paths.warehouse, t.JOBS)
-        before = latest_progress(jobs_table)
+        warehouse = Warehouse.of(self.settings)
+        before = latest_progress(warehouse, t.JOBS)
         fault = self._record("streaming", started, f"pid {record.pid}", number)
         os.killpg(record.pid, signal.SIGKILL)  # the driver and its JVM
         _wait_gone(record.pid, record.ticks)
@@ -407,7 +408,7 @@ class Chaos:
         self.stack.up()
         deadline = time.monotonic() + self.options.delta_timeout_s
         while time.monotonic() < deadline:
-            now = latest_progress(jobs_table)
+            now = latest_progress(warehouse, t.JOBS)
             if now is not None and (before is None or now.version > before.version):
                 fault.recovered_s = round(time.time() - fault.killed_at, 3)
                 break
@@ -522,29 +523,26 @@ def delta_statuses(
 
     Covered: `jobs` records it, or `events` does and the grace for that batch's `jobs` MERGE
     passed (a batch that changed no job may leave no `jobs` commit)."""
-    from deltalake import DeltaTable
-
     from streaming import tables as t
     from streaming.progress import latest_progress
 
     topic = settings.kafka.events_topic
-    jobs = t.table_path(settings.paths.warehouse, t.JOBS)
-    events = t.table_path(settings.paths.warehouse, t.EVENTS)
+    warehouse = Warehouse.of(settings)
 
-    def covers(table: Path) -> bool:
-        progress = latest_progress(table)
+    def covers(table: str) -> bool:
+        progress = latest_progress(warehouse, table)
         covered = progress.progress.offsets.get(topic, {}) if progress else {}
         return all(covered.get(partition, 0) >= offset for partition, offset in log_end.items())
 
     deadline = time.monotonic() + timeout_s
-    while not covers(jobs):
-        if covers(events):
+    while not covers(t.JOBS):
+        if covers(t.EVENTS):
             time.sleep(JOBS_MERGE_GRACE_S)
             break
         if time.monotonic() > deadline:
             return None
         time.sleep(2.0)
-    rows = DeltaTable(str(jobs)).to_pyarrow_table(columns=["dispatch_group", "id", "status"])
+    rows = warehouse.open(t.JOBS).to_pyarrow_table(columns=["dispatch_group", "id", "status"])
     return {
         row["id"]: row["status"]
         for row in rows.to_pylist()

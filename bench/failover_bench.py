@@ -60,6 +60,7 @@ import httpx
 from dispatch.settings import Settings, load_settings
 from dispatch.stack.local import ApiNode, LocalStack, StackPlan
 from dispatch.stack.ports import free_port
+from dispatch.warehouse import Warehouse
 
 EXEC = "bench.noop"
 SUBJECTS = ["job.assign.>"]
@@ -309,8 +310,8 @@ def wait_for_first_snapshot(settings: Settings, timeout_s: float = 300.0) -> flo
     from streaming.progress import latest_progress
 
     started = time.monotonic()
-    jobs = t.table_path(settings.paths.warehouse, t.JOBS)
-    while latest_progress(jobs) is None:
+    warehouse = Warehouse.of(settings)
+    while latest_progress(warehouse, t.JOBS) is None:
         if time.monotonic() - started > timeout_s:
             raise RuntimeError(f"the streaming fold committed nothing in {timeout_s:.0f} s")
         time.sleep(1.0)

@@ -55,6 +55,7 @@ from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import Assigned, Event
 from dispatch.event_records import encode_batches
 from dispatch.settings import Settings
+from dispatch.warehouse import Warehouse
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -295,17 +296,14 @@ def compact_jobs(spark: SparkSession, settings: Settings) -> float:
     from streaming.maintenance import Maintenance
 
     started = time.perf_counter()
-    Maintenance(settings.paths.warehouse).optimize([t.JOBS])
+    Maintenance(Warehouse.of(settings)).optimize([t.JOBS])
     return round(time.perf_counter() - started, 1)
 
 
 def jobs_files(settings: Settings, version: int) -> int:
-    from deltalake import DeltaTable
-
     from streaming import tables as t
 
-    path = str(t.table_path(settings.paths.warehouse, t.JOBS))
-    return len(DeltaTable(path, version=version).file_uris())
+    return len(Warehouse.of(settings).open(t.JOBS, version=version).file_uris())
 
 
 def build(spark: SparkSession, settings: Settings, shape: Shape, fold_records: int) -> BuildResult:
@@ -335,7 +333,7 @@ def build(spark: SparkSession, settings: Settings, shape: Shape, fold_records: i
     fold_active = fold(spark, settings, fold_records)
     counts_at_snapshot = generator.core.counts()
     end_before_tail = events_end(settings)
-    snapshot = latest_snapshot(settings.paths.warehouse, GROUP)
+    snapshot = latest_snapshot(Warehouse.of(settings), GROUP)
     if snapshot is None or snapshot.offsets != end_before_tail:
         raise RuntimeError(f"the fold did not cover the log: {snapshot and snapshot.offsets}")
 
@@ -535,7 +533,7 @@ def measure(settings: Settings, repeats: int, profile: bool) -> Measurement:
 
     config = settings.dispatcher.core_config()
     with timed() as load_took:
-        snapshot = latest_snapshot(settings.paths.warehouse, GROUP)
+        snapshot = latest_snapshot(Warehouse.of(settings), GROUP)
     assert snapshot is not None
     with timed() as restore_took:
         core = Dispatcher.restore(

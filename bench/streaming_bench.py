@@ -72,6 +72,8 @@ from dispatch.settings import Settings, load_settings
 from dispatch.settings import with_namespace as namespace_settings
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.stack.ports import free_port
+from dispatch.storage import Location
+from dispatch.warehouse import Warehouse
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -138,15 +140,13 @@ class FreshnessResult:
     maintenance_s: dict[str, float]
 
 
-def commits_of(warehouse: Path, events_topic: str) -> list[tuple[float, dict[int, int]]]:
+def commits_of(warehouse: Warehouse, events_topic: str) -> list[tuple[float, dict[int, int]]]:
     """(commit time, events offsets covered) of every batch commit of `jobs`, oldest first."""
-    from deltalake import DeltaTable
-
     from streaming import tables as t
     from streaming.progress import BATCH, Progress
 
     out = []
-    for commit in DeltaTable(str(t.table_path(warehouse, t.JOBS))).history():
+    for commit in warehouse.open(t.JOBS).history():
         progress = Progress.from_json(commit.get("userMetadata"))
         if progress is not None and progress.kind == BATCH:
             out.append((commit["timestamp"] / 1000.0, progress.offsets.get(events_topic, {})))
@@ -251,7 +251,7 @@ def freshness(
     measured_from = stats["started"] + warmup_s
     measured_to = stats["started"] + warmup_s + duration_s
     seen = seen_events(
-        read_events(settings), commits_of(settings.paths.warehouse, kafka.events_topic)
+        read_events(settings), commits_of(Warehouse.of(settings), kafka.events_topic)
     )
     windows = windows_of(seen, measured_from, measured_to)
     add_emulator_lag(windows, stats["ticks"], stats["written"], measured_from)
@@ -387,7 +387,7 @@ class MergeResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def bulk_history(spark: SparkSession, warehouse: Path, count: int) -> None:
+def bulk_history(spark: SparkSession, warehouse: Warehouse, count: int) -> None:
     """`count` succeeded jobs in the closed partition, then compacted."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
@@ -426,7 +426,7 @@ def bulk_history(spark: SparkSession, warehouse: Path, count: int) -> None:
     frame = spark.range(count).select(
         *[expressions[f.name].cast(f.dataType).alias(f.name) for f in schema.fields]
     )
-    path = str(t.table_path(warehouse, t.JOBS))
+    path = warehouse.table(t.JOBS)
     frame.write.format("delta").mode("append").save(path)
     DeltaTable.forPath(spark, path).optimize().executeCompaction()
 
@@ -441,7 +441,6 @@ def write_offsets(checkpoint: Path, batch_id: int, end: dict[str, dict[int, int]
 def merge_cost(
     spark: SparkSession, base: Settings, history: int, batch_jobs: int, batches: int
 ) -> MergeResult:
-    from deltalake import DeltaTable
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     from streaming import tables as t
@@ -450,7 +449,7 @@ def merge_cost(
     from streaming.snapshot import latest_snapshot
 
     settings = with_namespace(base, f"merge-{history}", base.paths.var.parent)
-    warehouse = settings.paths.warehouse
+    warehouse = Warehouse.of(settings)
     t.create_tables(spark, warehouse)
     started = time.perf_counter()
     bulk_history(spark, warehouse, history)
@@ -463,7 +462,7 @@ def merge_cost(
     checkpoint = settings.paths.var / "checkpoint"
     checkpoint.mkdir(parents=True, exist_ok=True)
     (checkpoint / "metadata").write_text(json.dumps({"id": f"bench-{history}"}) + "\n")
-    writer = BatchWriter(warehouse, topics_of(settings), checkpoint)
+    writer = BatchWriter(warehouse, topics_of(settings), Location.at(checkpoint))
     emulator = Emulator(workers=4, prefix=f"live{history}")
     clock = 1_800_000_000.0
     start_offset = 0
@@ -509,7 +508,7 @@ def merge_cost(
     measured = writer.history[2:]  # the backlog batch and one warm-up batch excluded
     metrics = [
         commit.get("operationMetrics", {})
-        for commit in DeltaTable(str(t.table_path(warehouse, t.JOBS))).history(batches)
+        for commit in warehouse.open(t.JOBS).history(batches)
         if commit.get("operation") == "MERGE"
     ]
     started = time.perf_counter()

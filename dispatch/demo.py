@@ -19,7 +19,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -30,6 +29,7 @@ from dispatch.delta_sql import query
 from dispatch.settings import Settings, load_settings
 from dispatch.stack.local import LocalStack, StackPlan
 from dispatch.stack.ports import free_port
+from dispatch.warehouse import Warehouse
 
 console = Console()
 
@@ -200,7 +200,7 @@ def _wait_caught_up(settings: Settings, expected: Expected) -> None:
     deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
     while True:
         try:
-            rows = _rows(settings.paths.warehouse, "jobs", "SELECT id, status FROM jobs")
+            rows = _rows(Warehouse.of(settings), "jobs", "SELECT id, status FROM jobs")
         except TableNotFoundError:  # the first batch is still coming
             rows = []
         shown = {row["id"]: row["status"] for row in rows}
@@ -217,16 +217,14 @@ def _wait_caught_up(settings: Settings, expected: Expected) -> None:
         time.sleep(1.0)
 
 
-def _rows(warehouse: Path, name: str, sql: str) -> list[dict[str, Any]]:
+def _rows(warehouse: Warehouse, name: str, sql: str) -> list[dict[str, Any]]:
     """Rows of a Delta table by SQL through delta-rs' DataFusion (no JVM)."""
-    from deltalake import DeltaTable
-
-    rows: list[dict[str, Any]] = query(DeltaTable(str(warehouse / name)), name, sql).to_pylist()
+    rows: list[dict[str, Any]] = query(warehouse.open(name), name, sql).to_pylist()
     return rows
 
 
 def _summarise(settings: Settings, expected: Expected) -> None:
-    warehouse = settings.paths.warehouse
+    warehouse = Warehouse.of(settings)
     jobs = _rows(warehouse, "jobs", "SELECT id, exec, status, attempts, error FROM jobs")
     by_id = {row["id"]: row for row in jobs}
     table = Table("status", "jobs (Delta `jobs`)")

@@ -21,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from dispatch import storage
 from dispatch.core.config import CoreConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +46,11 @@ class _Section(BaseModel):
 
 class PathSettings(_Section):
     var: Path = Path("var")
-    warehouse: Path = Path("delta")
+    warehouse: str = "delta"
+    """The Delta tables: a path (relative: under `var`) or a URI (`s3://bucket/prefix`)."""
+    checkpoints: str = ""
+    """The streaming query's checkpoints: a path (relative: under `var`) or a URI; empty:
+    `<var>/checkpoints` (see `checkpoint_root`)."""
     cache: Path = Path("~/.cache/dispatch")
 
     @field_validator("var", "cache")
@@ -55,13 +60,48 @@ class PathSettings(_Section):
         expanded = value.expanduser()
         return expanded if expanded.is_absolute() else PROJECT_ROOT / expanded
 
+    @field_validator("warehouse", "checkpoints", mode="before")
+    @classmethod
+    def _location_text(cls, value: object) -> object:
+        # A Path from code (tests, `with_namespace`) is a location like any other.
+        return str(value) if isinstance(value, Path) else value
+
+    @field_validator("warehouse")
+    @classmethod
+    def _not_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the warehouse needs a path or a URI")
+        return value
+
+    @field_validator("warehouse", "checkpoints")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        # A URI is checked here, so an error names the field; paths go under `var` below.
+        return storage.normalize(value) if storage.is_uri(value) else value
+
     @model_validator(mode="after")
-    def _warehouse_under_var(self) -> PathSettings:
+    def _locations_under_var(self) -> PathSettings:
         # Relative to `var`, so a stack moved elsewhere (DISPATCH_PATHS__VAR) takes its tables.
-        warehouse = self.warehouse.expanduser()
-        if not warehouse.is_absolute():
-            object.__setattr__(self, "warehouse", self.var / warehouse)
+        object.__setattr__(self, "warehouse", self.under_var(self.warehouse))
+        if self.checkpoints:
+            object.__setattr__(self, "checkpoints", self.under_var(self.checkpoints))
         return self
+
+    def under_var(self, location: str) -> str:
+        """`location` normalized (dispatch.storage); a relative path is taken under `var`."""
+        if not location.strip():
+            raise ValueError("a storage location may not be empty")
+        if storage.is_uri(location):  # absolute by nature
+            return storage.normalize(location)
+        path = Path(location).expanduser()
+        return str(path if path.is_absolute() else self.var / path)
+
+    def checkpoint_root(self) -> str:
+        """Where the streaming queries keep their checkpoints (a folder each, by name).
+
+        Computed, not stored: settings copied with another `var` (`model_copy`, which skips
+        validation) take their checkpoints with them."""
+        return self.checkpoints or str(self.var / "checkpoints")
 
 
 class KafkaSettings(_Section):
@@ -407,5 +447,7 @@ def with_namespace(settings: Settings, namespace: str, folder: Path) -> Settings
             "rejected_topic": f"{namespace}.dispatch.submit.rejected",
         }
     )
-    paths = settings.paths.model_copy(update={"var": folder / "var", "warehouse": folder / "delta"})
+    paths = settings.paths.model_copy(
+        update={"var": folder / "var", "warehouse": str(folder / "delta"), "checkpoints": ""}
+    )
     return settings.model_copy(update={"kafka": kafka, "paths": paths})

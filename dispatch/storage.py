@@ -19,10 +19,14 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from dispatch.settings import StorageSettings
+if TYPE_CHECKING:
+    # Only a type here: dispatch.settings imports this module to normalize its locations.
+    from dispatch.settings import StorageSettings
 
 S3_SCHEMES = frozenset({"s3", "s3a"})
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
@@ -173,3 +177,89 @@ def storage_options(
             "AWS_SECRET_ACCESS_KEY)"
         )
     return options
+
+
+# --- reading files at a location (the streaming checkpoint) -------------------------------------
+
+
+def _filesystem(location: str, options: Mapping[str, str]) -> tuple[Any, str]:
+    """A pyarrow filesystem for `location` and the location's path within it.
+
+    pyarrow, because delta-rs has no file API and the checkpoint files are plain objects; its
+    S3 client is configured from the same options delta-rs takes, so both reach the same
+    store with the same credentials."""
+    import pyarrow.fs as pafs
+
+    if not is_object_store(location):
+        return pafs.LocalFileSystem(), str(local_path(location))
+    if scheme(location) not in S3_SCHEMES:
+        filesystem, path = pafs.FileSystem.from_uri(location)
+        return filesystem, path
+    endpoint = urlsplit(options.get("aws_endpoint", ""))
+    s3 = pafs.S3FileSystem(
+        access_key=options.get("aws_access_key_id"),
+        secret_key=options.get("aws_secret_access_key"),
+        session_token=options.get("aws_session_token"),
+        region=options.get("aws_region"),
+        endpoint_override=endpoint.netloc or None,
+        scheme=endpoint.scheme or "https",
+        force_virtual_addressing=options.get("aws_virtual_hosted_style_request") == "true",
+        connect_timeout=_seconds(options.get("connect_timeout")),
+        request_timeout=_seconds(options.get("timeout")),
+    )
+    return s3, str(location).split("://", 1)[1]
+
+
+def _seconds(text: str | None) -> float | None:
+    return float(text.removesuffix("s")) if text else None
+
+
+def read_text(location: str | Path, options: Mapping[str, str] | None = None) -> str:
+    """The text of the file (object) at `location`; FileNotFoundError when there is none."""
+    filesystem, path = _filesystem(normalize(location), options or {})
+    with filesystem.open_input_stream(path) as stream:
+        return bytes(stream.read()).decode()
+
+
+def has_files(location: str | Path, options: Mapping[str, str] | None = None) -> bool:
+    """Whether anything exists at or under `location` (a file, or a folder / prefix that holds
+    at least one object: on an object store a folder exists only through its objects)."""
+    import pyarrow.fs as pafs
+
+    filesystem, path = _filesystem(normalize(location), options or {})
+    info = filesystem.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return True
+    if info.type == pafs.FileType.NotFound and not is_object_store(location):
+        return False
+    selector = pafs.FileSelector(path, allow_not_found=True, recursive=False)
+    return len(filesystem.get_file_info(selector)) > 0
+
+
+@dataclass(frozen=True)
+class Location:
+    """A location with the options that reach it: what a reader of plain files there needs
+    (the streaming checkpoint, read by the fold for its query id and batch offsets)."""
+
+    uri: str
+    """Normalized (`normalize`): an absolute path or a URI without a trailing slash."""
+    options: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def at(cls, location: str | Path, settings: StorageSettings | None = None) -> Location:
+        from dispatch.settings import StorageSettings
+
+        text = normalize(location)
+        return cls(text, storage_options(settings or StorageSettings(), text))
+
+    def child(self, *names: str) -> Location:
+        return Location(join(self.uri, *names), self.options)
+
+    def read_text(self) -> str:
+        return read_text(self.uri, self.options)
+
+    def has_files(self) -> bool:
+        return has_files(self.uri, self.options)
+
+    def __str__(self) -> str:
+        return self.uri

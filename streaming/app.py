@@ -7,7 +7,8 @@ Run it alone with `python -m streaming.app` (settings from conf/ and the environ
 
 The query reads `dispatch.submit`, `dispatch.events` and `dispatch.submit.rejected` with
 `kafka.isolation.level=read_committed` and hands each micro-batch to `BatchWriter`. Its
-checkpoint lives in `<var>/checkpoints/streaming`. A fresh checkpoint over existing tables
+checkpoint lives in `<paths.checkpoints>/streaming` (by default `<var>/checkpoints`; a path or
+an object-store URI, like the warehouse). A fresh checkpoint over existing tables
 starts from the Kafka positions recorded in `jobs` (not from the beginning of the log).
 """
 
@@ -22,18 +23,19 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from dispatch.settings import Settings
+from dispatch.storage import Location, is_object_store, local_path
+from dispatch.warehouse import Warehouse
 from streaming import tables as t
 from streaming.batch import DRIVER, EXECUTORS, BatchWriter
 from streaming.decode import Topics
 from streaming.maintenance import Maintenance, MaintenancePolicy
 from streaming.progress import latest_progress
 from streaming.rollup import StatsRollup
-from streaming.session import is_local
+from streaming.session import configure_object_storage, is_local
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -57,7 +59,7 @@ class StreamOptions:
     maintenance: MaintenancePolicy | None = field(default_factory=MaintenancePolicy)
     """Compaction and vacuum schedule; None disables maintenance."""
     checkpoint_name: str = "streaming"
-    """Folder under `<var>/checkpoints`."""
+    """Folder under `paths.checkpoints` (`PathSettings.checkpoint_root`)."""
     fold_on: str = AUTO
     """Where each batch is folded: `executors` (partitioned by job, so the fold grows with the
     cluster), `driver` (collected and folded in the driver's Python), or `auto`: the driver on
@@ -77,15 +79,16 @@ def topics_of(settings: Settings) -> Topics:
     return Topics(kafka.submit_topic, kafka.events_topic, kafka.rejected_topic)
 
 
-def checkpoint_dir(settings: Settings, options: StreamOptions | None = None) -> Path:
+def checkpoint_dir(settings: Settings, options: StreamOptions | None = None) -> Location:
+    """The query's checkpoint: a folder of plain files Spark writes and the fold reads."""
     name = (options or StreamOptions()).checkpoint_name
-    return settings.paths.var / "checkpoints" / name
+    return Location.at(settings.paths.checkpoint_root(), settings.storage).child(name)
 
 
 def starting_offsets(settings: Settings) -> str:
     """Where a query without a checkpoint starts: "earliest" over empty tables, else the
     positions recorded by the last batch in `jobs` (every partition of the three topics)."""
-    committed = latest_progress(t.table_path(settings.paths.warehouse, t.JOBS))
+    committed = latest_progress(Warehouse.of(settings), t.JOBS)
     if committed is None:
         return "earliest"
     from kafka import KafkaConsumer
@@ -114,8 +117,11 @@ def start(
 ) -> tuple[StreamingQuery, BatchWriter]:
     """Create the tables if needed and start the query (non-blocking)."""
     options = options or StreamOptions()
-    warehouse = settings.paths.warehouse
+    warehouse = Warehouse.of(settings)
     checkpoint = checkpoint_dir(settings, options)
+    # A session built before these settings (a notebook's, the tests' shared one) learns
+    # the object store here; one built by spark_session has it already.
+    configure_object_storage(spark, settings)
     t.create_tables(spark, warehouse)
     maintenance = (
         Maintenance(warehouse, options.maintenance) if options.maintenance is not None else None
@@ -129,7 +135,7 @@ def start(
         rollup,
         fold_on=fold_place(options.fold_on, settings.spark.master),
     )
-    fresh = not (checkpoint / "offsets").is_dir()
+    fresh = not checkpoint.child("offsets").has_files()
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.kafka.bootstrap)
@@ -144,7 +150,7 @@ def start(
     writer_stream = (
         reader.load()
         .writeStream.queryName(QUERY_NAME)
-        .option("checkpointLocation", str(checkpoint))
+        .option("checkpointLocation", checkpoint.uri)
         .foreachBatch(writer)
     )
     if available_now:
@@ -153,7 +159,9 @@ def start(
         writer_stream = writer_stream.trigger(
             processingTime=f"{options.trigger_interval_s} seconds"
         )
-    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    if not is_object_store(checkpoint.uri):
+        # On an object store a folder needs no making: it exists through its objects.
+        local_path(checkpoint.uri).parent.mkdir(parents=True, exist_ok=True)
     query = writer_stream.start()
     return query, writer
 

@@ -38,13 +38,14 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from dispatch.core.events import JobEvent
+from dispatch.storage import Location
+from dispatch.warehouse import Warehouse
 from streaming import guard
 from streaming import tables as t
 from streaming.decode import (
@@ -116,19 +117,19 @@ def _advanced(start: Offsets, end: Offsets) -> int:
     )
 
 
-def query_id(checkpoint: Path) -> str:
+def query_id(checkpoint: Location) -> str:
     """The streaming query's persistent id, from the checkpoint's `metadata` file: the same
     across restarts from this checkpoint, new with a new checkpoint."""
-    document = json.loads((checkpoint / "metadata").read_text().splitlines()[0])
+    document = json.loads(checkpoint.child("metadata").read_text().splitlines()[0])
     return str(document["id"])
 
 
-def batch_end_offsets(checkpoint: Path, batch_id: int) -> Offsets | None:
+def batch_end_offsets(checkpoint: Location, batch_id: int) -> Offsets | None:
     """The end offsets of `batch_id` from the query's offset log (written before the batch
     runs), or None if unreadable. With read_committed these sit after a transaction's commit
     marker, so a caught-up query shows zero lag."""
     try:
-        lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+        lines = checkpoint.child("offsets", str(batch_id)).read_text().splitlines()
         # Line 1: log version, line 2: batch metadata, then one line per source.
         source = json.loads(lines[2])
         return {
@@ -213,9 +214,9 @@ class BatchWriter:
 
     def __init__(
         self,
-        warehouse: Path,
+        warehouse: Warehouse,
         topics: Topics,
-        checkpoint: Path,
+        checkpoint: Location,
         maintenance: Maintenance | None = None,
         rollup: StatsRollup | None = None,
         fold_on: str = DRIVER,
@@ -230,10 +231,9 @@ class BatchWriter:
         self.checkpoint = checkpoint
         self.maintenance = maintenance
         self.rollup = rollup
-        self.paths = {name: t.table_path(warehouse, name) for name in t.SCHEMAS}
         self._app_id: str | None = None
         self._positions: _Positions | None = None
-        self.commits = DeltaCommits(self.paths)
+        self.commits = DeltaCommits(warehouse)
         self.last: BatchTimings | None = None
         self.history: list[BatchTimings] = []
 
@@ -242,7 +242,7 @@ class BatchWriter:
     @property
     def has_app_id(self) -> bool:
         """True once the query's checkpoint exists (after its first batch started)."""
-        return self._app_id is not None or (self.checkpoint / "metadata").is_file()
+        return self._app_id is not None or self.checkpoint.child("metadata").has_files()
 
     @property
     def app_id(self) -> str:
@@ -628,7 +628,7 @@ class BatchWriter:
         from pyspark.sql import functions as F
 
         touched = planned.touched
-        jobs_path = str(self.paths[t.JOBS])
+        jobs_path = self.warehouse.table(t.JOBS)
         touched_frame = spark.createDataFrame(
             pa.table(
                 {
@@ -678,7 +678,7 @@ class BatchWriter:
                 .option("txnAppId", self.app_id)
                 .option("txnVersion", str(batch_id))
                 .option("userMetadata", self._progress(batch_id, end).to_json())
-                .save(str(self.paths[t.JOBS_ARCHIVE]))
+                .save(self.warehouse.table(t.JOBS_ARCHIVE))
             )
 
         # Pruned closed rows, and the closed rows of touched jobs (their new life is MERGEd

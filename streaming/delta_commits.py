@@ -16,8 +16,7 @@ the commit of a MERGE that writes nothing): a batch's progress is never lost wit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -25,22 +24,22 @@ if TYPE_CHECKING:
     from deltalake import CommitProperties, DeltaTable
     from deltalake.table import TableMerger
 
+    from dispatch.warehouse import Warehouse
+
 
 class DeltaCommits:
     """delta-rs handles on the application's tables, kept open and brought up to date before
     each use (the application is the tables' only writer, so the latest version is its own)."""
 
-    def __init__(self, paths: Mapping[str, Path]) -> None:
-        self.paths = dict(paths)
+    def __init__(self, warehouse: Warehouse) -> None:
+        self.warehouse = warehouse
         self._tables: dict[str, DeltaTable] = {}
 
     def table(self, name: str) -> DeltaTable:
         """`name` at its latest version."""
-        from deltalake import DeltaTable
-
         handle = self._tables.get(name)
         if handle is None:
-            handle = self._tables[name] = DeltaTable(str(self.paths[name]))
+            handle = self._tables[name] = self.warehouse.open(name)
             return handle
         handle.update_incremental()
         return handle

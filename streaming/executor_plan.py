@@ -270,7 +270,7 @@ def _plan(
         _null(fold_input, "row"),
     )  # fmt: skip
     touched = job_events.select("dispatch_group", "job_id").distinct()
-    jobs = spark.read.format("delta").load(str(writer.paths[t.JOBS]))
+    jobs = spark.read.format("delta").load(writer.warehouse.table(t.JOBS))
     part = F.col("part") == OPEN
     prune_groups = sorted({prune.group for prune in prunes})
     if prune_groups:

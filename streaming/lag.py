@@ -9,10 +9,10 @@ kafka-python and delta-rs only (no Spark, no consumer group: nothing is committe
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from dispatch.settings import Settings
+from dispatch.warehouse import Warehouse
 from streaming import tables as t
 from streaming.progress import BATCH, latest_progress
 
@@ -38,7 +38,7 @@ class LagProbe:
         """topic -> partition -> records not yet in the tables."""
         from kafka import TopicPartition
 
-        committed = latest_progress(t.table_path(self.settings.paths.warehouse, t.JOBS), BATCH)
+        committed = latest_progress(Warehouse.of(self.settings), t.JOBS, BATCH)
         processed = committed.progress.offsets if committed else {}
         partitions = [
             TopicPartition(topic, partition)
@@ -74,9 +74,9 @@ def streaming_lag(settings: Settings) -> dict[str, int]:
         return probe.measure()
 
 
-def last_batch_age_s(warehouse: Path, now: float | None = None) -> float | None:
+def last_batch_age_s(warehouse: Warehouse, now: float | None = None) -> float | None:
     """Seconds since the last batch committed `jobs` (None: no batch yet)."""
-    committed = latest_progress(t.table_path(warehouse, t.JOBS), BATCH)
+    committed = latest_progress(warehouse, t.JOBS, BATCH)
     if committed is None:
         return None
     return (time.time() if now is None else now) - committed.timestamp_ms / 1000.0

@@ -23,13 +23,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streaming import tables as t
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from dispatch.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class Maintenance:
 
     def __init__(
         self,
-        warehouse: Path,
+        warehouse: Warehouse,
         policy: MaintenancePolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -111,14 +112,12 @@ class Maintenance:
     def optimize(self, names: list[str] | None = None) -> dict[str, float]:
         """Compact the tables (all by default; recent partitions only where partitioned by
         date)."""
-        from deltalake import DeltaTable
-
         policy = self.policy
         since = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=policy.recent_days)
         took: dict[str, float] = {}
         for name in names or self.tables:
             started = time.perf_counter()
-            table = DeltaTable(str(t.table_path(self.warehouse, name)))
+            table = self.warehouse.open(name)
             recent = [("date", ">=", since.isoformat())] if name in _DATE_PARTITIONED else None
             table.optimize.compact(
                 partition_filters=recent,
@@ -147,7 +146,7 @@ class Maintenance:
         with self._confs(spark, confs):
             for name in names or self.tables:
                 started = time.perf_counter()
-                path = str(t.table_path(self.warehouse, name)).replace("`", "``")
+                path = self.warehouse.table(name).replace("`", "``")
                 try:
                     spark.sql(f"VACUUM delta.`{path}` RETAIN {hours:g} HOURS LITE").collect()
                 except PySparkException as error:

@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from streaming.decode import Offsets
+
+if TYPE_CHECKING:
+    from dispatch.warehouse import Warehouse
 
 FORMAT = 1
 """Value of the `dispatch_progress` key; a commit without it is not the application's."""
@@ -104,17 +106,13 @@ class Committed:
     progress: Progress
 
 
-def latest_progress(table: Path, kind: str = BATCH, *, page: int = 32) -> Committed | None:
-    """The newest commit of `table` whose progress is of `kind`, or None (no table, or no
-    such commit yet). Reads the Delta log with delta-rs."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        delta = DeltaTable(str(table))
-    except TableNotFoundError:
-        return None
-    return latest_progress_of(delta, kind, page=page)
+def latest_progress(
+    warehouse: Warehouse, name: str, kind: str = BATCH, *, page: int = 32
+) -> Committed | None:
+    """The newest commit of table `name` whose progress is of `kind`, or None (no table, or
+    no such commit yet). Reads the Delta log with delta-rs."""
+    delta = warehouse.open_if_exists(name)
+    return None if delta is None else latest_progress_of(delta, kind, page=page)
 
 
 def latest_progress_of(delta: Any, kind: str = BATCH, *, page: int = 32) -> Committed | None:

@@ -23,8 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,6 +32,9 @@ from streaming import tables as t
 from streaming.delta_commits import DeltaCommits
 from streaming.progress import newest_commit, tagged_metadata
 from streaming.stats import MinuteStats, StatsKey
+
+if TYPE_CHECKING:
+    from dispatch.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +92,14 @@ class StatsRollup:
 
     def __init__(
         self,
-        warehouse: Path,
+        warehouse: Warehouse,
         every_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.every_s = every_s
         self.clock = clock
         self._last = clock()
-        self.commits = DeltaCommits(
-            {name: t.table_path(warehouse, name) for name in (t.STATS, t.STATS_PARTIAL)}
-        )
+        self.commits = DeltaCommits(warehouse)
 
     def due(self) -> bool:
         return self.every_s <= 0 or self.clock() - self._last >= self.every_s

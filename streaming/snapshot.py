@@ -18,9 +18,9 @@ jobs the leader holds: lives the leader pruned are in `jobs_archive`, not here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from dispatch.core.job import JobRecord
+from dispatch.warehouse import Warehouse
 from streaming import tables as t
 from streaming.fold import JOB_RECORD_COLUMNS, records_from_arrow
 from streaming.progress import BATCH, latest_progress_of
@@ -46,15 +46,12 @@ class Snapshot:
     """When the version was committed (unix seconds)."""
 
 
-def latest_snapshot(warehouse: Path, group: str = "default") -> Snapshot | None:
+def latest_snapshot(warehouse: Warehouse, group: str = "default") -> Snapshot | None:
     """The newest snapshot of `group`'s jobs, or None when no batch has been committed yet."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import DeltaError, TableNotFoundError
+    from deltalake.exceptions import DeltaError
 
-    path = str(t.table_path(warehouse, t.JOBS))
-    try:
-        latest = DeltaTable(path)
-    except TableNotFoundError:
+    latest = warehouse.open_if_exists(t.JOBS)
+    if latest is None:
         return None
     committed = latest_progress_of(latest, BATCH)
     if committed is None:
@@ -63,7 +60,7 @@ def latest_snapshot(warehouse: Path, group: str = "default") -> Snapshot | None:
     table = latest
     if committed.version != latest.version():
         try:
-            table = DeltaTable(path, version=committed.version)
+            table = warehouse.open(t.JOBS, version=committed.version)
         except DeltaError:
             # Only if VACUUM removed files of that version (the stream stopped for longer
             # than the retention): the data of later versions is the same up to maintenance

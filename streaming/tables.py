@@ -20,7 +20,6 @@ by plain columns only.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -28,6 +27,8 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
+
+    from dispatch.warehouse import Warehouse
 
 EVENTS = "events"
 JOBS = "jobs"
@@ -184,10 +185,6 @@ TABLE_PROPERTIES: dict[str, str] = {
 }
 
 
-def table_path(warehouse: Path, name: str) -> Path:
-    return warehouse / name
-
-
 def spark_schema(name: str) -> StructType:
     return spark_schema_of(SCHEMAS[name])
 
@@ -208,17 +205,15 @@ def arrow_rows(name: str, rows: list[dict[str, object]]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=SCHEMAS[name])
 
 
-def create_tables(spark: SparkSession, warehouse: Path) -> None:
+def create_tables(spark: SparkSession, warehouse: Warehouse) -> None:
     """Create every table that does not exist yet (a no-op for the others)."""
     from delta.tables import DeltaTable
 
     for name in SCHEMAS:
-        path = table_path(warehouse, name)
-        if DeltaTable.isDeltaTable(spark, str(path)):
+        path = warehouse.table(name)
+        if DeltaTable.isDeltaTable(spark, path):
             continue
-        builder = (
-            DeltaTable.createIfNotExists(spark).location(str(path)).addColumns(spark_schema(name))
-        )
+        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(spark_schema(name))
         if PARTITIONS[name]:
             builder = builder.partitionedBy(*PARTITIONS[name])
         for key, value in TABLE_PROPERTIES.items():

@@ -10,7 +10,6 @@ others, as temporary views:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dispatch.core.job import JobRecord
@@ -20,6 +19,8 @@ from streaming.fold import OPEN, record_from_row
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from dispatch.warehouse import Warehouse
 
 VIEWS: dict[str, str] = {
     "dlq": f"SELECT * FROM jobs WHERE part = '{OPEN}' AND status = 'dead'",
@@ -31,13 +32,12 @@ VIEWS: dict[str, str] = {
 """Views over the tables: `dlq`, and `jobs_all` (current jobs and pruned lives together)."""
 
 
-def register_views(spark: SparkSession, warehouse: Path) -> list[str]:
+def register_views(spark: SparkSession, warehouse: Warehouse) -> list[str]:
     """Temporary views named like the tables (events, jobs, jobs_archive, stats, rejected),
     plus `dlq` and `jobs_all`. Returns their names."""
     names: list[str] = []
     for name in t.SCHEMAS:
-        path = t.table_path(warehouse, name)
-        spark.read.format("delta").load(str(path)).createOrReplaceTempView(name)
+        spark.read.format("delta").load(warehouse.table(name)).createOrReplaceTempView(name)
         names.append(name)
     for name, view_sql in VIEWS.items():
         spark.sql(view_sql).createOrReplaceTempView(name)
@@ -94,17 +94,15 @@ def latency_percentiles(
     )
 
 
-def _jobs_rows(warehouse: Path, condition: str) -> list[dict[str, Any]]:
-    from deltalake import DeltaTable
-
-    table = DeltaTable(str(t.table_path(warehouse, t.JOBS)))
+def _jobs_rows(warehouse: Warehouse, condition: str) -> list[dict[str, Any]]:
+    table = warehouse.open(t.JOBS)
     rows: list[dict[str, Any]] = query(
         table, "jobs", f"SELECT * FROM jobs WHERE {condition}"
     ).to_pylist()
     return rows
 
 
-def read_dlq(warehouse: Path, group: str | None = None) -> list[JobRecord]:
+def read_dlq(warehouse: Warehouse, group: str | None = None) -> list[JobRecord]:
     """The dead-letter queue (oldest first) with delta-rs, as the core's records."""
     condition = f"\"part\" = '{OPEN}' AND \"status\" = 'dead'"
     if group is not None:
@@ -113,7 +111,7 @@ def read_dlq(warehouse: Path, group: str | None = None) -> list[JobRecord]:
     return [record_from_row(row) for row in rows]
 
 
-def read_job(warehouse: Path, job_id: str, group: str | None = None) -> JobRecord | None:
+def read_job(warehouse: Warehouse, job_id: str, group: str | None = None) -> JobRecord | None:
     """One job's current record with delta-rs (None if `jobs` does not hold it; a pruned job
     is in `jobs_archive`)."""
     condition = f'"id" = {sql_text(job_id)}'

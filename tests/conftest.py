@@ -18,6 +18,9 @@ import pytest
 from dispatch.settings import Settings, load_settings, with_namespace
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.stack.ports import free_port
+from tests.s3_server import s3_server
+
+__all__ = ["s3_server"]  # the session's S3-compatible server, a fixture (tests/s3_server.py)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -148,10 +148,10 @@ def running(folder: Path) -> Iterator[S3Server]:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """The test session's S3 server (started on first use, stopped at the session's end).
+    """The test session's S3 server (started on first use, stopped at the session's end),
+    provided to every test by tests/conftest.py.
 
-    For tests/conftest.py (`from tests.s3_server import s3_server`); a test module importing
-    it by name would shadow it with its own parameter (ruff F811), so modules that cannot
-    use conftest wrap `running` in a fixture of their own."""
+    One per session on purpose: Spark's Hadoop caches one S3AFileSystem per bucket with the
+    endpoint it was built with, so a second server of the same bucket would not be reached."""
     with running(tmp_path_factory.mktemp("s3")) as server:
         yield server

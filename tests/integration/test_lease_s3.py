@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from multiprocessing.synchronize import Barrier as BarrierType
 from typing import Any
 
@@ -24,19 +24,13 @@ from deltalake.exceptions import CommitFailedError
 from dispatch.lease import CHECKPOINT_EVERY, LEASES, Lease, LeaseTable
 from dispatch.settings import LeaseSettings
 from dispatch.storage import join, storage_options
-from tests.s3_server import S3Server, running
+from tests.s3_server import S3Server
 
 pytestmark = pytest.mark.integration
 
 SETTINGS = LeaseSettings(ttl_s=10.0, renew_every_s=3.0, clock_skew_margin_s=2.0)
 T0 = 1_700_000_000.25
 GROUP = "default"
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with running(tmp_path_factory.mktemp("s3")) as server:
-        yield server
 
 
 def _warehouse(server: S3Server, request: pytest.FixtureRequest) -> tuple[str, dict[str, str]]:

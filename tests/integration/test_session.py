@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from dispatch.settings import Settings
+from dispatch.warehouse import Warehouse
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +49,7 @@ def test_submissions_flow_from_kafka_through_spark_into_delta(
     producer.flush()
     producer.close()
 
-    table = str(topics.paths.warehouse / "submissions")
+    table = Warehouse.of(topics).table("submissions")
     batch_ids: list[int] = []
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:

@@ -33,7 +33,7 @@ def test_relative_paths_resolve_against_the_project_root(monkeypatch: pytest.Mon
     monkeypatch.chdir("/")
     settings = load_settings()
     assert settings.paths.var == PROJECT_ROOT / "var"
-    assert settings.paths.warehouse == PROJECT_ROOT / "var" / "delta"
+    assert settings.paths.warehouse == str(PROJECT_ROOT / "var" / "delta")
     assert settings.paths.cache == Path.home() / ".cache" / "dispatch"
 
 
@@ -124,6 +124,6 @@ def test_the_dispatcher_section_becomes_the_core_policy() -> None:
 
 
 def test_the_warehouse_follows_the_var_folder_unless_absolute() -> None:
-    assert load_settings(paths={"var": "/srv/d"}).paths.warehouse == Path("/srv/d/delta")
+    assert load_settings(paths={"var": "/srv/d"}).paths.warehouse == "/srv/d/delta"
     pinned = load_settings(paths={"var": "/srv/d", "warehouse": "/data/delta"})
-    assert pinned.paths.warehouse == Path("/data/delta")
+    assert pinned.paths.warehouse == "/data/delta"

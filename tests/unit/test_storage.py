@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 
 from dispatch.lease import LEASES, LeaseTable
-from dispatch.settings import LeaseSettings, StorageSettings, load_settings
+from dispatch.settings import ConfigError, LeaseSettings, StorageSettings, load_settings
 from dispatch.storage import (
+    Location,
     is_object_store,
     is_uri,
     join,
@@ -17,6 +20,7 @@ from dispatch.storage import (
     scheme,
     storage_options,
 )
+from dispatch.warehouse import Warehouse
 
 NO_ENV: dict[str, str] = {}
 
@@ -142,3 +146,56 @@ def test_the_lease_table_takes_a_path_or_a_uri(tmp_path: Path) -> None:
     assert local.location == str(tmp_path / LEASES)
     assert local.path == tmp_path / LEASES
     assert LeaseTable(tmp_path, settings).path == local.path
+
+
+def test_a_location_reads_its_files_and_knows_when_it_holds_none(tmp_path: Path) -> None:
+    checkpoint = Location.at(tmp_path / "checkpoint")
+    assert not checkpoint.has_files()  # nothing there yet: a fresh query
+    assert not checkpoint.child("offsets").has_files()
+    with pytest.raises(FileNotFoundError):
+        checkpoint.child("metadata").read_text()
+    (tmp_path / "checkpoint" / "offsets").mkdir(parents=True)
+    assert not checkpoint.child("offsets").has_files()  # an empty folder holds no batch
+    (tmp_path / "checkpoint" / "offsets" / "0").write_text("v1\n")
+    assert checkpoint.child("offsets").has_files()
+    assert checkpoint.child("offsets", "0").read_text() == "v1\n"
+    assert str(checkpoint.child("offsets")) == str(tmp_path / "checkpoint" / "offsets")
+
+
+def test_a_location_on_s3_carries_its_options_but_never_shows_them() -> None:
+    settings = StorageSettings(
+        endpoint_url="http://127.0.0.1:9000", access_key_id="id", secret_access_key="s3cr3t"
+    )
+    checkpoint = Location.at("S3://bucket/cp/", settings).child("streaming")
+    assert checkpoint.uri == "s3://bucket/cp/streaming"
+    assert checkpoint.options["aws_secret_access_key"] == "s3cr3t"
+    assert "s3cr3t" not in repr(checkpoint)
+
+
+def test_the_settings_locations_are_paths_under_var_or_uris(tmp_path: Path) -> None:
+    paths = load_settings(paths={"var": str(tmp_path)}).paths
+    assert paths.warehouse == str(tmp_path / "delta")
+    assert paths.checkpoint_root() == str(tmp_path / "checkpoints")
+    remote = load_settings(
+        paths={"var": str(tmp_path), "warehouse": "s3://b/wh/", "checkpoints": "S3A://b/cp"}
+    ).paths
+    assert (remote.warehouse, remote.checkpoint_root()) == ("s3://b/wh", "s3a://b/cp")
+    assert load_settings(paths={"checkpoints": "cp"}).paths.checkpoint_root().endswith("/var/cp")
+    for bad in ("s3://", " "):
+        with pytest.raises(ConfigError, match="warehouse"):
+            load_settings(paths={"warehouse": bad})
+
+
+def test_the_warehouse_opens_its_tables_with_its_options(tmp_path: Path) -> None:
+    warehouse = Warehouse.at(tmp_path)
+    assert warehouse.is_local and warehouse.storage_options == {}
+    assert warehouse.table("jobs") == str(tmp_path / "jobs")
+    assert warehouse.open_if_exists("jobs") is None
+    write_deltalake(warehouse.table("jobs"), pa.table({"id": ["a"]}))
+    assert warehouse.open("jobs").to_pyarrow_table().to_pylist() == [{"id": "a"}]
+    remote = Warehouse.at(
+        "s3://bucket/wh", StorageSettings(access_key_id="id", secret_access_key="s3cr3t")
+    )
+    assert not remote.is_local and remote.table("jobs") == "s3://bucket/wh/jobs"
+    assert remote.storage_options["aws_conditional_put"] == "etag"
+    assert "s3cr3t" not in repr(remote)

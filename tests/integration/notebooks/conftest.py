@@ -35,6 +35,7 @@ import pytest
 
 from dispatch.settings import Settings
 from dispatch.stack.broker import Broker, create_topics
+from dispatch.warehouse import Warehouse
 from streaming import tables as t
 from streaming.app import StreamOptions
 from tests.integration.api.conftest import RunningNode, poll, poll_until, start_node
@@ -197,7 +198,7 @@ def _utc_now() -> dt.datetime:
 def _jobs_version(settings: Settings) -> int:
     from deltalake import DeltaTable
 
-    version: int = DeltaTable(str(t.table_path(settings.paths.warehouse, t.JOBS))).version()
+    version: int = DeltaTable(Warehouse.of(settings).table(t.JOBS)).version()
     return version
 
 

@@ -24,7 +24,7 @@ from dispatch.core.dispatcher import Dispatcher
 from dispatch.event_records import decode_batch
 from dispatch.settings import Settings, with_namespace
 from dispatch.stack.broker import Broker, create_topics
-from streaming import tables as t
+from dispatch.warehouse import Warehouse
 from streaming.app import StreamOptions, run
 from streaming.batch import BatchWriter
 from streaming.fold import job_state
@@ -49,7 +49,9 @@ def namespaced(stack_settings: Settings, base: Path, name: str) -> Settings:
 
 def with_warehouse(settings: Settings, base: Path) -> Settings:
     """The same topics, another warehouse and var folder (a second, independent run)."""
-    paths = settings.paths.model_copy(update={"var": base / "var", "warehouse": base / "delta"})
+    paths = settings.paths.model_copy(
+        update={"var": base / "var", "warehouse": str(base / "delta")}
+    )
     return settings.model_copy(update={"paths": paths})
 
 
@@ -127,14 +129,12 @@ def _plain(value: Any) -> Any:
 
 
 def spark_rows(spark: SparkSession, settings: Settings, name: str) -> list[dict[str, Any]]:
-    frame = spark.read.format("delta").load(str(t.table_path(settings.paths.warehouse, name)))
+    frame = spark.read.format("delta").load(Warehouse.of(settings).table(name))
     return [{key: _plain(value) for key, value in row.asDict().items()} for row in frame.collect()]
 
 
 def delta_rs_rows(settings: Settings, name: str) -> list[dict[str, Any]]:
-    from deltalake import DeltaTable
-
-    table = DeltaTable(str(t.table_path(settings.paths.warehouse, name))).to_pyarrow_table()
+    table = Warehouse.of(settings).open(name).to_pyarrow_table()
     return [{key: _plain(value) for key, value in row.items()} for row in table.to_pylist()]
 
 
@@ -223,7 +223,7 @@ def mixed_run(
     )
     lag_before = streaming_lag(settings)
     first = run_stream(settings, spark)
-    snapshot = latest_snapshot(settings.paths.warehouse, GROUP)
+    snapshot = latest_snapshot(Warehouse.of(settings), GROUP)
     assert snapshot is not None
     produce(settings, workload.log[half:], aborted=workload.aborted, transactional=True)
     lag_between = streaming_lag(settings)

@@ -23,6 +23,8 @@ from dispatch.core.fence import fence_events
 from dispatch.event_records import encode_batch
 from dispatch.settings import Settings
 from dispatch.stack.broker import Broker, create_topics
+from dispatch.storage import local_path
+from dispatch.warehouse import Warehouse
 from streaming import tables as t
 from streaming.app import StreamOptions, checkpoint_dir, starting_offsets
 from streaming.progress import latest_progress
@@ -61,9 +63,7 @@ def test_spark_and_delta_rs_read_the_same_tables(mixed_run: MixedRun, spark: Spa
         by_spark = row_set(spark_rows(spark, mixed_run.settings, name))
         by_delta_rs = row_set(delta_rs_rows(mixed_run.settings, name))
         assert by_spark == by_delta_rs, name
-        protocol = DeltaTable(
-            str(t.table_path(mixed_run.settings.paths.warehouse, name))
-        ).protocol()
+        protocol = DeltaTable(Warehouse.of(mixed_run.settings).table(name)).protocol()
         # Plain protocol (1, 2): no table feature delta-rs could not read or write.
         assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2), name
 
@@ -102,10 +102,10 @@ def test_the_dlq_is_the_leaders(mixed_run: MixedRun, spark: SparkSession) -> Non
 
     expected = sorted(job.id for job in mixed_run.workload.leader.dead_letters())
     assert expected
-    register_views(spark, mixed_run.settings.paths.warehouse)
+    register_views(spark, Warehouse.of(mixed_run.settings))
     by_sql = sorted(row["id"] for row in spark.sql("SELECT id FROM dlq").collect())
     assert by_sql == expected
-    assert sorted(record.id for record in read_dlq(mixed_run.settings.paths.warehouse)) == expected
+    assert sorted(record.id for record in read_dlq(Warehouse.of(mixed_run.settings))) == expected
     parts = spark.sql("SELECT part, count(*) AS n FROM jobs_all GROUP BY part").collect()
     counts = {row["part"]: row["n"] for row in parts}
     archived = len(spark_rows(spark, mixed_run.settings, t.JOBS_ARCHIVE))
@@ -152,9 +152,7 @@ def test_percentiles_at_any_granularity_read_the_histograms(
     from streaming.stats import Histogram
     from streaming.views import latency_percentiles
 
-    frame = spark.read.format("delta").load(
-        str(t.table_path(mixed_run.settings.paths.warehouse, t.STATS))
-    )
+    frame = spark.read.format("delta").load(Warehouse.of(mixed_run.settings).table(t.STATS))
     by_spark = {row["exec"]: row.asDict() for row in latency_percentiles(frame, ["exec"]).collect()}
     expected: dict[str, Histogram] = {}
     for row in spark_rows(spark, mixed_run.settings, t.STATS):
@@ -180,7 +178,7 @@ def test_pruned_lives_leave_jobs_for_the_archive(mixed_run: MixedRun, spark: Spa
 
 
 def test_each_jobs_commit_records_the_offsets_and_fence(mixed_run: MixedRun) -> None:
-    committed = latest_progress(t.table_path(mixed_run.settings.paths.warehouse, t.JOBS))
+    committed = latest_progress(Warehouse.of(mixed_run.settings), t.JOBS)
     assert committed is not None
     progress = committed.progress
     kafka = mixed_run.settings.kafka
@@ -206,12 +204,12 @@ def test_a_lost_checkpoint_resumes_from_the_tables(
     half = len(workload.log) // 2
     produce(settings, workload.log[:half], submits=workload.submits[:5])
     run_stream(settings, spark)
-    first_app = latest_progress(t.table_path(settings.paths.warehouse, t.JOBS))
-    shutil.rmtree(checkpoint_dir(settings))
+    first_app = latest_progress(Warehouse.of(settings), t.JOBS)
+    shutil.rmtree(local_path(checkpoint_dir(settings).uri))
     assert starting_offsets(settings) != "earliest"
     produce(settings, workload.log[half:], submits=workload.submits[5:])
     run_stream(settings, spark)
-    second_app = latest_progress(t.table_path(settings.paths.warehouse, t.JOBS))
+    second_app = latest_progress(Warehouse.of(settings), t.JOBS)
     assert first_app is not None and second_app is not None
     assert first_app.progress.app_id != second_app.progress.app_id
     assert jobs_of(spark_rows(spark, settings, t.JOBS)) == workload.expected_jobs()
@@ -305,7 +303,7 @@ def test_poison_records_are_rejected_and_the_query_keeps_running(
     assert flagged == set(poison)
 
     # A lost checkpoint: the run restarts from what `jobs` covers and rejects nothing twice.
-    shutil.rmtree(checkpoint_dir(settings, options))
+    shutil.rmtree(local_path(checkpoint_dir(settings, options).uri))
     run_stream(settings, spark, options)
     again = [row for row in spark_rows(spark, settings, t.REJECTED)]
     assert len(again) == len(poison)

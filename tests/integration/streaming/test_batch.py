@@ -14,6 +14,8 @@ import pytest
 from dispatch.core.events import Completed, Enqueued
 from dispatch.core.fence import fence_events
 from dispatch.settings import Settings
+from dispatch.storage import Location
+from dispatch.warehouse import Warehouse
 from streaming import tables as t
 from streaming.app import topics_of
 from streaming.batch import DRIVER, EXECUTORS, BatchWriter
@@ -40,18 +42,17 @@ def kafka_batch(spark: SparkSession, settings: Settings) -> DataFrame:
     )
 
 
-def checkpoint(base: Path, query_id: str) -> Path:
+def checkpoint(base: Path, query_id: str) -> Location:
     """A checkpoint folder as Spark starts it (its metadata names the query id)."""
     base.mkdir(parents=True, exist_ok=True)
     (base / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
-    return base
+    return Location.at(base)
 
 
 def versions(settings: Settings) -> dict[str, int]:
-    from deltalake import DeltaTable
 
-    warehouse = settings.paths.warehouse
-    return {name: DeltaTable(str(t.table_path(warehouse, name))).version() for name in t.SCHEMAS}
+    warehouse = Warehouse.of(settings)
+    return {name: warehouse.open(name).version() for name in t.SCHEMAS}
 
 
 class CrashBeforeJobs(BatchWriter):
@@ -69,7 +70,7 @@ def test_replays_and_a_cut_batch_change_the_tables_exactly_once(
     workload = mixed_workload()
     half = len(workload.log) // 2
     produce(settings, workload.log[:half], submits=workload.submits[:4])
-    warehouse = settings.paths.warehouse
+    warehouse = Warehouse.of(settings)
     t.create_tables(spark, warehouse)
     first = checkpoint(tmp_path / "cp-a", "query-a")
     writer = BatchWriter(warehouse, topics_of(settings), first, fold_on=fold_on)
@@ -115,7 +116,7 @@ def test_replays_and_a_cut_batch_change_the_tables_exactly_once(
 
 
 def check_tables(settings: Settings, spark: SparkSession, workload: Any) -> None:
-    rollup = StatsRollup(settings.paths.warehouse)
+    rollup = StatsRollup(Warehouse.of(settings))
     rollup.run("test")
     assert not spark_rows(spark, settings, t.STATS_PARTIAL)
     rolled = versions(settings)[t.STATS]

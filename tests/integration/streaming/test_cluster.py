@@ -23,6 +23,7 @@ from dispatch.settings import Settings, to_environment
 from dispatch.stack.local import DISPATCH
 from dispatch.stack.ports import free_port
 from dispatch.stack.process import ManagedProcess
+from dispatch.warehouse import Warehouse
 from streaming import tables as t
 from streaming.app import QUERY_NAME
 from streaming.executor_plan import FOLD_JOB
@@ -77,7 +78,7 @@ def wait_for_tables(
     while True:
         assert streaming.exit_code() is None, f"streaming exited:\n{streaming.log_tail(40)}"
         jobs, rejected = _tables(settings)
-        snapshot = latest_snapshot(settings.paths.warehouse, settings.dispatcher.group)
+        snapshot = latest_snapshot(Warehouse.of(settings), settings.dispatcher.group)
         if jobs == expected and rejected and snapshot and snapshot.fence_epoch == epoch:
             return
         if time.monotonic() > deadline:
@@ -159,7 +160,7 @@ def test_the_application_runs_on_a_standalone_cluster(topics: Settings, tmp_path
         jobs, [rejected] = _tables(settings)
         assert jobs == expected
         assert rejected["job_id"] == "bad" and rejected["value"] == b"{oops"
-        snapshot = latest_snapshot(settings.paths.warehouse, settings.dispatcher.group)
+        snapshot = latest_snapshot(Warehouse.of(settings), settings.dispatcher.group)
         assert snapshot is not None and snapshot.fence_epoch == leader.core.epoch
         assert {job.id: job.to_dict() for job in replay_after(settings, snapshot).jobs()} == (
             expected

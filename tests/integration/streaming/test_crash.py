@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from dispatch.settings import PROJECT_ROOT, Settings, to_environment
+from dispatch.warehouse import Warehouse
 from streaming import tables as t
 from streaming.app import StreamOptions
 from streaming.progress import latest_progress
@@ -52,15 +53,15 @@ def start_driver(settings: Settings, log_file: Path) -> subprocess.Popen[bytes]:
 def kill_mid_batch(driver: subprocess.Popen[bytes], settings: Settings, log_file: Path) -> int:
     """SIGKILL the driver as soon as a batch has committed `events` but not yet `jobs`;
     returns that batch's id."""
-    warehouse = settings.paths.warehouse
+    warehouse = Warehouse.of(settings)
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline:
             if driver.poll() is not None:
                 pytest.fail(f"the driver exited early:\n{log_file.read_text()[-3000:]}")
-            events = latest_progress(t.table_path(warehouse, t.EVENTS))
+            events = latest_progress(warehouse, t.EVENTS)
             if events is not None:
-                jobs = latest_progress(t.table_path(warehouse, t.JOBS))
+                jobs = latest_progress(warehouse, t.JOBS)
                 if jobs is None or jobs.progress.batch_id < events.progress.batch_id:
                     os.killpg(driver.pid, signal.SIGKILL)
                     return events.progress.batch_id
@@ -87,7 +88,7 @@ def test_kill_9_mid_batch_then_restart_equals_an_uninterrupted_run(
     )
     log_file = tmp_path / "driver.log"
     killed_in = kill_mid_batch(start_driver(settings, log_file), settings, log_file)
-    jobs_before = latest_progress(t.table_path(settings.paths.warehouse, t.JOBS))
+    jobs_before = latest_progress(Warehouse.of(settings), t.JOBS)
     assert jobs_before is None or jobs_before.progress.batch_id < killed_in
 
     # The restart resumes from the same checkpoint: it replays the cut batch (same offsets,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dispatch.warehouse import Warehouse
 from streaming.lag import LagProbe, last_batch_age_s
 from tests.integration.streaming.conftest import MixedRun
 
@@ -29,5 +30,5 @@ def test_the_probe_measures_repeatedly_and_the_last_batch_is_recent(
     with LagProbe(mixed_run.settings) as probe:
         assert probe.measure() == mixed_run.lag_after
         assert probe.partition_lag()[mixed_run.settings.kafka.submit_topic] == {0: 0, 1: 0}
-    age = last_batch_age_s(mixed_run.settings.paths.warehouse)
+    age = last_batch_age_s(Warehouse.of(mixed_run.settings))
     assert age is not None and 0 <= age < 600

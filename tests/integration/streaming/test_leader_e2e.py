@@ -13,6 +13,7 @@ from kafka import KafkaConsumer, KafkaProducer
 
 from api.leader import Leader
 from dispatch.settings import Settings
+from dispatch.warehouse import Warehouse
 from streaming import tables as t
 from streaming.snapshot import latest_snapshot
 from tests.integration.api.conftest import RunningNode, poll_until, short_timeouts, start_node
@@ -126,7 +127,7 @@ def test_the_tables_equal_a_real_leaders_state(
     }  # fmt: skip
     [rejected] = spark_rows(spark, node_settings, t.REJECTED)
     assert rejected["job_id"] == "bad" and rejected["value"] == b"{oops"
-    snapshot = latest_snapshot(node_settings.paths.warehouse, node_settings.dispatcher.group)
+    snapshot = latest_snapshot(Warehouse.of(node_settings), node_settings.dispatcher.group)
     assert snapshot is not None and snapshot.fence_epoch == leader.core.epoch
     assert {job.id: job.to_dict() for job in replay_after(node_settings, snapshot).jobs()} == (
         expected

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from dispatch.settings import Settings
+from dispatch.warehouse import Warehouse
 from streaming import tables as t
 from streaming.maintenance import Maintenance, MaintenancePolicy
 from streaming.snapshot import latest_snapshot
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.integration
 def file_count(settings: Settings, name: str) -> int:
     from deltalake import DeltaTable
 
-    return len(DeltaTable(str(t.table_path(settings.paths.warehouse, name))).file_uris())
+    return len(DeltaTable(Warehouse.of(settings).table(name)).file_uris())
 
 
 def test_compaction_and_vacuum_change_no_row(topics: Settings, spark: SparkSession) -> None:
@@ -40,16 +41,16 @@ def test_compaction_and_vacuum_change_no_row(topics: Settings, spark: SparkSessi
         produce(settings, part)
         run_stream(settings, spark)
     before = {name: row_set(spark_rows(spark, settings, name)) for name in t.SCHEMAS}
-    snapshot = latest_snapshot(settings.paths.warehouse, GROUP)
+    snapshot = latest_snapshot(Warehouse.of(settings), GROUP)
     files = sum(file_count(settings, name) for name in t.SCHEMAS)
-    maintenance = Maintenance(settings.paths.warehouse, MaintenancePolicy(vacuum_retain_hours=0))
+    maintenance = Maintenance(Warehouse.of(settings), MaintenancePolicy(vacuum_retain_hours=0))
     maintenance.optimize()
     maintenance.vacuum(spark)
     assert sum(file_count(settings, name) for name in t.SCHEMAS) < files
     for name in t.SCHEMAS:
         assert row_set(spark_rows(spark, settings, name)) == before[name], name
         assert row_set(delta_rs_rows(settings, name)) == before[name], name
-    after = latest_snapshot(settings.paths.warehouse, GROUP)
+    after = latest_snapshot(Warehouse.of(settings), GROUP)
     assert after is not None and snapshot is not None
     # Maintenance commits carry no progress: the pointer still names the last batch.
     assert (after.version, after.offsets) == (snapshot.version, snapshot.offsets)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatch.warehouse import Warehouse
 from streaming import tables as t
 from streaming.progress import latest_progress
 from streaming.snapshot import latest_snapshot
@@ -17,9 +18,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_the_latest_snapshot_plus_the_tail_is_the_leader(mixed_run: MixedRun) -> None:
-    snapshot = latest_snapshot(mixed_run.settings.paths.warehouse, GROUP)
+    snapshot = latest_snapshot(Warehouse.of(mixed_run.settings), GROUP)
     assert snapshot is not None
-    committed = latest_progress(t.table_path(mixed_run.settings.paths.warehouse, t.JOBS))
+    committed = latest_progress(Warehouse.of(mixed_run.settings), t.JOBS)
     assert committed is not None and snapshot.version == committed.version
     assert snapshot.fence_epoch == 2
     assert snapshot.events_topic == mixed_run.settings.kafka.events_topic
@@ -39,4 +40,4 @@ def test_an_older_snapshot_plus_a_longer_tail_is_the_leader_too(mixed_run: Mixed
 
 
 def test_no_snapshot_before_the_first_batch(tmp_path: Path) -> None:
-    assert latest_snapshot(tmp_path, GROUP) is None
+    assert latest_snapshot(Warehouse.at(tmp_path), GROUP) is None

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from dispatch.settings import load_settings
+from dispatch.storage import Location
+from dispatch.warehouse import Warehouse
 from streaming.app import checkpoint_dir, fold_place, parse_options, topics_of
 from streaming.batch import BatchWriter
 from streaming.decode import Topics
@@ -36,7 +38,7 @@ def test_an_unknown_fold_place_is_refused() -> None:
     with pytest.raises(SystemExit):
         parse_options(["--fold-on", "gpu"])
     with pytest.raises(ValueError, match="fold_on"):
-        BatchWriter(Path("w"), Topics("s", "e", "r"), Path("c"), fold_on="gpu")
+        BatchWriter(Warehouse.at("w"), Topics("s", "e", "r"), Location.at("c"), fold_on="gpu")
 
 
 def test_topics_and_checkpoint_come_from_the_settings(tmp_path: Path) -> None:
@@ -46,4 +48,4 @@ def test_topics_and_checkpoint_come_from_the_settings(tmp_path: Path) -> None:
         settings.kafka.events_topic,
         settings.kafka.rejected_topic,
     )
-    assert checkpoint_dir(settings) == tmp_path / "checkpoints" / "streaming"
+    assert checkpoint_dir(settings).uri == str(tmp_path / "checkpoints" / "streaming")

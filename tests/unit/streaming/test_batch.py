@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from dispatch.core.events import Completed, Enqueued, LeaderElected, WorkerHeartbeat
 from dispatch.core.job import JobRecord
 from dispatch.event_records import decode_batch, encode_batch
+from dispatch.storage import Location
+from dispatch.warehouse import Warehouse
 from streaming import guard
 from streaming import tables as t
 from streaming.batch import BatchWriter, _Positions, batch_end_offsets, query_id
@@ -30,7 +32,7 @@ from tests.unit.streaming.workload import mixed_workload
 
 def test_query_id_and_batch_offsets_come_from_the_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "metadata").write_text(json.dumps({"id": "q-1"}) + "\n")
-    assert query_id(tmp_path) == "q-1"
+    assert query_id(Location.at(tmp_path)) == "q-1"
     (tmp_path / "offsets").mkdir()
     (tmp_path / "offsets" / "4").write_text(
         "v1\n"
@@ -38,8 +40,8 @@ def test_query_id_and_batch_offsets_come_from_the_checkpoint(tmp_path: Path) -> 
         + "\n"
         + json.dumps({"ev": {"0": 12}, "sub": {"0": 3, "1": 5}})
     )
-    assert batch_end_offsets(tmp_path, 4) == {"ev": {0: 12}, "sub": {0: 3, 1: 5}}
-    assert batch_end_offsets(tmp_path, 5) is None
+    assert batch_end_offsets(Location.at(tmp_path), 4) == {"ev": {0: 12}, "sub": {0: 3, 1: 5}}
+    assert batch_end_offsets(Location.at(tmp_path), 5) is None
 
 
 def queued(job_id: str, seq: int) -> JobRecord:
@@ -53,15 +55,15 @@ def test_a_batch_touching_60k_jobs_reads_their_rows_from_merged_files(tmp_path: 
     """The touched jobs' rows are read from files delta-rs's MERGE wrote (string_view inside:
     no pyarrow pushdown) for a batch of tens of thousands of jobs (no huge SQL IN list: that
     crashed DataFusion at ~50k)."""
-    warehouse = tmp_path / "delta"
+    warehouse = Warehouse.at(tmp_path / "delta")
     rows = [job_row("g", JobState(queued(f"job-{n}", n))) for n in range(70_000)]
-    path = t.table_path(warehouse, t.JOBS)
+    path = warehouse.table(t.JOBS)
     write_deltalake(path, t.arrow_rows(t.JOBS, rows[:60_000]), partition_by=t.PARTITIONS[t.JOBS])
     merge = DeltaTable(path).merge(
         t.arrow_rows(t.JOBS, rows[50_000:]), "t.id = s.id", source_alias="s", target_alias="t"
     )
     merge.when_matched_update_all().when_not_matched_insert_all().execute()
-    writer = BatchWriter(warehouse, Topics("s", "e", "r"), tmp_path / "checkpoint")
+    writer = BatchWriter(warehouse, Topics("s", "e", "r"), Location.at(tmp_path / "checkpoint"))
     wanted = {("g", f"job-{n}") for n in range(0, 70_000, 7)} | {("g", "job-never")}
     wanted |= {("g", f"job-{n}") for n in range(10_000, 70_000)}
     current, unreadable = writer._current_jobs(wanted, include_closed=False)
@@ -86,7 +88,7 @@ class InMemoryWriter(BatchWriter):
     """The writer's decode, fence and fold with no table: every job is new, nothing absorbed."""
 
     def __init__(self) -> None:
-        super().__init__(Path("/nonexistent"), TOPICS, Path("/nonexistent"))
+        super().__init__(Warehouse.at("/nonexistent"), TOPICS, Location.at("/nonexistent"))
         self._positions = _Positions({name: {} for name in t.SCHEMAS}, {})
 
     def _current_jobs(
@@ -204,10 +206,10 @@ def test_each_poison_is_rejected_with_its_reason_and_the_good_jobs_fold() -> Non
         assert job_state(jobs[job_id])[1].record.to_dict() == job
 
 
-def create_empty_tables(warehouse: Path) -> None:
+def create_empty_tables(warehouse: Warehouse) -> None:
     for name, schema in t.SCHEMAS.items():
         write_deltalake(
-            t.table_path(warehouse, name),
+            warehouse.table(name),
             schema.empty_table(),
             partition_by=t.PARTITIONS[name] or None,
         )
@@ -217,7 +219,7 @@ def test_poison_batches_commit_and_a_replay_writes_nothing_twice(tmp_path: Path)
     """Through delta-rs, as the query writes (no Spark: the workload has no prune): the batch
     with the poison commits, its replay by the same writer and by a restarted one adds no
     row, and the next batch goes on."""
-    warehouse = tmp_path / "delta"
+    warehouse = Warehouse.at(tmp_path / "delta")
     create_empty_tables(warehouse)
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()
@@ -226,26 +228,25 @@ def test_poison_batches_commit_and_a_replay_writes_nothing_twice(tmp_path: Path)
     rows = events_rows_of(values)
     half = len(rows) // 2
     first, second = rows[:half], rows[half:]
-    writer = BatchWriter(warehouse, TOPICS, checkpoint)
+    writer = BatchWriter(warehouse, TOPICS, Location.at(checkpoint))
     writer.write_batch(0, first, {"ev": {0: half}})
     counts = table_counts(warehouse)
     writer.write_batch(0, first, {"ev": {0: half}})
-    BatchWriter(warehouse, TOPICS, checkpoint).write_batch(0, first, {"ev": {0: half}})
+    BatchWriter(warehouse, TOPICS, Location.at(checkpoint)).write_batch(0, first, {"ev": {0: half}})
     assert table_counts(warehouse) == counts
-    BatchWriter(warehouse, TOPICS, checkpoint).write_batch(1, second, {"ev": {0: len(rows)}})
-    rejected = DeltaTable(t.table_path(warehouse, t.REJECTED)).to_pyarrow_table().to_pylist()
+    BatchWriter(warehouse, TOPICS, Location.at(checkpoint)).write_batch(
+        1, second, {"ev": {0: len(rows)}}
+    )
+    rejected = warehouse.open(t.REJECTED).to_pyarrow_table().to_pylist()
     assert sorted(row["offset"] for row in rejected) == sorted(poison)
-    jobs = DeltaTable(t.table_path(warehouse, t.JOBS)).to_pyarrow_table().to_pylist()
+    jobs = warehouse.open(t.JOBS).to_pyarrow_table().to_pylist()
     assert {job_state(row)[1].record.id: job_state(row)[1].record.to_dict() for row in jobs} == (
         GOOD.expected_jobs()
     )
 
 
-def table_counts(warehouse: Path) -> dict[str, int]:
-    return {
-        name: DeltaTable(t.table_path(warehouse, name)).to_pyarrow_table().num_rows
-        for name in t.SCHEMAS
-    }
+def table_counts(warehouse: Warehouse) -> dict[str, int]:
+    return {name: warehouse.open(name).to_pyarrow_table().num_rows for name in t.SCHEMAS}
 
 
 def test_every_batch_commits_jobs_with_its_progress_even_when_no_job_changed(
@@ -255,7 +256,7 @@ def test_every_batch_commits_jobs_with_its_progress_even_when_no_job_changed(
     match and insert nothing): a batch of worker heartbeats only, or of submit records only,
     must still commit `jobs` with its progress, so the snapshot pointer, the fence epochs and
     the lag move with the log (a chaos run: 300+ heartbeat batches, `jobs` stuck at batch 2)."""
-    warehouse = tmp_path / "delta"
+    warehouse = Warehouse.at(tmp_path / "delta")
     create_empty_tables(warehouse)
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()
@@ -281,12 +282,12 @@ def test_every_batch_commits_jobs_with_its_progress_even_when_no_job_changed(
         (events[half + 1 : -1], {"ev": {0: len(values) - 1}, "sub": {0: 3}}),
         (events[-1:], {"ev": {0: len(values)}, "sub": {0: 3}}),
     ]
-    jobs_path = t.table_path(warehouse, t.JOBS)
-    writer = BatchWriter(warehouse, TOPICS, checkpoint)
+    jobs_path = warehouse.table(t.JOBS)
+    writer = BatchWriter(warehouse, TOPICS, Location.at(checkpoint))
     states: list[dict[str, dict[str, Any]]] = []
     for batch_id, (rows, end) in enumerate(batches):
         writer.write_batch(batch_id, rows, end)
-        committed = latest_progress(jobs_path, BATCH)
+        committed = latest_progress(warehouse, t.JOBS, BATCH)
         assert committed is not None
         assert (committed.progress.batch_id, committed.progress.offsets) == (batch_id, end)
         assert committed.progress.fence == writer.positions().fence
@@ -307,5 +308,7 @@ def test_every_batch_commits_jobs_with_its_progress_even_when_no_job_changed(
     assert snapshot.fence_epoch == epoch + 1
     # A replayed empty batch is skipped like any other: no second commit.
     version = DeltaTable(jobs_path).version()
-    BatchWriter(warehouse, TOPICS, checkpoint).write_batch(4, events[-1:], batches[-1][1])
+    BatchWriter(warehouse, TOPICS, Location.at(checkpoint)).write_batch(
+        4, events[-1:], batches[-1][1]
+    )
     assert DeltaTable(jobs_path).version() == version

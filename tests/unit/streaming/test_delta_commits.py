@@ -11,6 +11,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.table import TableMerger
 
+from dispatch.warehouse import Warehouse
 from streaming.delta_commits import DeltaCommits
 
 
@@ -18,7 +19,7 @@ def table_at(path: Path) -> DeltaCommits:
     write_deltalake(
         path, pa.table({"id": pa.array([], pa.string()), "n": pa.array([], pa.int64())})
     )
-    return DeltaCommits({"t": path})
+    return DeltaCommits(Warehouse.at(path.parent))
 
 
 def rows(path: Path) -> list[dict[str, object]]:

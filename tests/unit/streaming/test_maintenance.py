@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, cast
 
+from dispatch.warehouse import Warehouse
 from streaming.maintenance import Maintenance, MaintenancePolicy
 
 NO_SPARK = cast(Any, None)
@@ -13,7 +13,7 @@ NO_SPARK = cast(Any, None)
 
 class Recording(Maintenance):
     def __init__(self, policy: MaintenancePolicy, clock: list[float]) -> None:
-        super().__init__(Path("/nowhere"), policy, clock=lambda: clock[0])
+        super().__init__(Warehouse.at("/nowhere"), policy, clock=lambda: clock[0])
         self.tables = ["a", "b"]
         self.ran: list[str] = []
 

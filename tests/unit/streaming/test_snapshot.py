@@ -7,6 +7,7 @@ from pathlib import Path
 from deltalake import CommitProperties, write_deltalake
 
 from dispatch.core.job import JobRecord, JobStatus
+from dispatch.warehouse import Warehouse
 from streaming import tables as t
 from streaming.fold import JobState, job_row
 from streaming.progress import BATCH, PRUNE, Progress
@@ -33,7 +34,7 @@ def commit(warehouse: Path, rows: list[JobRecord], group: str, metadata: Progres
     table = t.arrow_rows(t.JOBS, [job_row(group, JobState(job)) for job in rows])
     custom = {"userMetadata": metadata.to_json()} if metadata else None
     write_deltalake(
-        str(t.table_path(warehouse, t.JOBS)),
+        Warehouse.at(warehouse).table(t.JOBS),
         table,
         mode="append",
         partition_by=t.PARTITIONS[t.JOBS],
@@ -57,7 +58,7 @@ def test_the_snapshot_is_the_last_batch_commit_of_the_group(tmp_path: Path) -> N
     commit(tmp_path, [record("other")], "h", progress(1))
     commit(tmp_path, [], "g", None)  # a maintenance commit
     commit(tmp_path, [record("late")], "g", progress(2, PRUNE))  # not a batch end
-    snapshot = latest_snapshot(tmp_path, "g")
+    snapshot = latest_snapshot(Warehouse.at(tmp_path), "g")
     assert snapshot is not None
     assert snapshot.version == 1 and snapshot.batch_id == 1
     assert sorted(snapshot.jobs, key=lambda job: job.id) == [
@@ -67,21 +68,22 @@ def test_the_snapshot_is_the_last_batch_commit_of_the_group(tmp_path: Path) -> N
     assert snapshot.jobs[0].payload == {"p": 1}
     assert snapshot.events_topic == "ev" and snapshot.offsets == {0: 41}
     assert snapshot.fence_epoch == 4 and snapshot.app_id == "app"
-    other = latest_snapshot(tmp_path, "h")
+    other = latest_snapshot(Warehouse.at(tmp_path), "h")
     assert other is not None and [job.id for job in other.jobs] == ["other"]
     assert other.fence_epoch == 0
 
 
 def test_no_snapshot_without_a_batch_commit(tmp_path: Path) -> None:
-    assert latest_snapshot(tmp_path, "g") is None
+    assert latest_snapshot(Warehouse.at(tmp_path), "g") is None
     commit(tmp_path, [record("a")], "g", None)
-    assert latest_snapshot(tmp_path, "g") is None
+    assert latest_snapshot(Warehouse.at(tmp_path), "g") is None
 
 
 def test_each_snapshot_reads_records_of_its_own(tmp_path: Path) -> None:
     # A leader's restore takes them (owned=True) and mutates them.
     commit(tmp_path, [record("a"), record("b", JobStatus.CANCELLED)], "g", progress(0))
-    first, second = latest_snapshot(tmp_path, "g"), latest_snapshot(tmp_path, "g")
+    warehouse = Warehouse.at(tmp_path)
+    first, second = latest_snapshot(warehouse, "g"), latest_snapshot(warehouse, "g")
     assert first is not None and second is not None and first.jobs == second.jobs
     assert not {id(job) for job in first.jobs} & {id(job) for job in second.jobs}
     assert not {id(job.payload) for job in first.jobs} & {id(job.payload) for job in second.jobs}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispatch.core.job import DeadReason, JobStatus
+from dispatch.warehouse import Warehouse
 from streaming.views import VIEWS, read_dlq, read_job
 from tests.unit.streaming.test_snapshot import commit, record
 
@@ -21,9 +22,10 @@ def test_the_dlq_and_single_jobs(tmp_path: Path) -> None:
     commit(
         tmp_path, [record("q"), dead_late, dead_early, record("s", JobStatus.SUCCEEDED)], "g", None
     )
-    assert [job.id for job in read_dlq(tmp_path)] == ["dead-early", "dead-late"]
-    assert [job.id for job in read_dlq(tmp_path, "other")] == []
-    found = read_job(tmp_path, "s")
+    warehouse = Warehouse.at(tmp_path)
+    assert [job.id for job in read_dlq(warehouse)] == ["dead-early", "dead-late"]
+    assert [job.id for job in read_dlq(warehouse, "other")] == []
+    found = read_job(warehouse, "s")
     assert found is not None and found.status is JobStatus.SUCCEEDED
-    assert read_job(tmp_path, "s", "other") is None and read_job(tmp_path, "nope") is None
+    assert read_job(warehouse, "s", "other") is None and read_job(warehouse, "nope") is None
     assert "status = 'dead'" in VIEWS["dlq"]

@@ -1,0 +1,64 @@
+"""The warehouse: where the application's Delta tables live, and how delta-rs reaches them.
+
+A `Warehouse` is a location (a local path or an object-store URI, dispatch/storage.py) with the
+delta-rs storage options for it, so every reader and writer of a table (the fold, the leader's
+rebuild, the views, the demo) opens it the same way: `warehouse.open("jobs")`. Spark reaches
+the same URIs through its own Hadoop configuration (streaming/session.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dispatch import storage
+from dispatch.settings import Settings, StorageSettings
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+
+@dataclass(frozen=True)
+class Warehouse:
+    location: str
+    """Normalized: an absolute path or a URI without a trailing slash."""
+    storage_options: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """delta-rs' options for the location (credentials: kept out of repr())."""
+
+    @classmethod
+    def of(cls, settings: Settings) -> Warehouse:
+        """The warehouse the settings name (`paths.warehouse`, `[storage]`)."""
+        return cls.at(settings.paths.warehouse, settings.storage)
+
+    @classmethod
+    def at(cls, location: str | Path, storage_settings: StorageSettings | None = None) -> Warehouse:
+        """The warehouse at `location`; `storage_settings` for an object store (else the AWS
+        environment variables alone)."""
+        text = storage.normalize(location)
+        options = storage.storage_options(storage_settings or StorageSettings(), text)
+        return cls(text, options)
+
+    @property
+    def is_local(self) -> bool:
+        return not storage.is_object_store(self.location)
+
+    def table(self, name: str) -> str:
+        """The location of table `name` (what Spark's `load`/`save` and delta-rs take)."""
+        return storage.join(self.location, name)
+
+    def open(self, name: str, version: int | None = None) -> DeltaTable:
+        """Table `name` through delta-rs (its latest version, or `version`); raises
+        deltalake's TableNotFoundError when it does not exist."""
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.table(name), version=version, storage_options=self.storage_options)
+
+    def open_if_exists(self, name: str) -> DeltaTable | None:
+        """Table `name` at its latest version, or None when it has not been created yet."""
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return self.open(name)
+        except TableNotFoundError:
+            return None

@@ -232,6 +232,28 @@ class SparkSettings(_Section):
     executor_memory: str = Field("1g", pattern=r"^[0-9]+[mMgG]$")
     """Heap of each executor on a cluster; it must fit a worker's --memory. Unused by
     `local[N]` masters (the driver is the executor there)."""
+    cluster_workers: int = Field(0, ge=0, le=8)
+    """Workers of a standalone cluster the local stack runs itself (`dispatch up` starts a
+    master at `master`, which must then be `spark://<loopback>:<port>`, and this many
+    workers); 0: the stack runs no cluster (`local[N]`, or the user's own master)."""
+    worker_memory: str = Field("1g", pattern=r"^[0-9]+[mMgG]$")
+    """Memory each worker of the stack's own cluster offers its executors."""
+    worker_cores: int = Field(1, ge=1)
+    """Cores each worker of the stack's own cluster offers its executors."""
+
+    @model_validator(mode="after")
+    def _own_cluster_on_loopback(self) -> SparkSettings:
+        if self.cluster_workers and not _is_loopback_master(self.master):
+            raise ValueError(
+                f"cluster_workers = {self.cluster_workers} runs a cluster on this machine: "
+                f"master must be spark://127.0.0.1:<port>, not {self.master!r}"
+            )
+        return self
+
+
+def _is_loopback_master(master: str) -> bool:
+    host, _, port = master.removeprefix("spark://").rpartition(":")
+    return master.startswith("spark://") and host in ("127.0.0.1", "localhost") and port.isdigit()
 
 
 class ApiSettings(_Section):
@@ -332,6 +354,26 @@ class StorageSettings(_Section):
     max_retries: int = Field(3, ge=0)
     retry_timeout_s: float = Field(15.0, gt=0)
     """Retries of one request stop after this long (object_store retries 5xx and timeouts)."""
+    serve: bool = False
+    """The local stack runs an S3-compatible server itself (S3Proxy, `dispatch up`) at
+    `endpoint_url`, which must then be a loopback `http://127.0.0.1:<port>`, with these
+    credentials, serving `bucket` from `<var>/object-store`; false: the store is the user's."""
+    bucket: str = Field("dispatch", pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    """The bucket the stack's own server serves (the warehouse's URIs name it)."""
+
+    @model_validator(mode="after")
+    def _served_on_loopback(self) -> StorageSettings:
+        if self.serve:
+            from dispatch.storage import is_loopback
+
+            if not self.endpoint_url.startswith("http://") or not is_loopback(self.endpoint_url):
+                raise ValueError(
+                    "serve = true runs the object store on this machine: endpoint_url must be "
+                    f"http://127.0.0.1:<port>, not {self.endpoint_url!r}"
+                )
+            if not (self.access_key_id and self.secret_access_key):
+                raise ValueError("serve = true needs access_key_id and secret_access_key")
+        return self
 
 
 class AuthSettings(_Section):

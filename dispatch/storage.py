@@ -90,7 +90,8 @@ def local_path(location: str | Path) -> Path:
     raise ValueError(f"not a local location: {location!r}")
 
 
-def _is_loopback(endpoint: str) -> bool:
+def is_loopback(endpoint: str) -> bool:
+    """Whether the URL's host is this machine (`localhost`, 127.0.0.0/8, ::1)."""
     host = urlsplit(endpoint).hostname or ""
     if host == "localhost":
         return True
@@ -152,7 +153,7 @@ def storage_options(
         options["aws_endpoint"] = endpoint
         if endpoint.lower().startswith("http://"):
             allowed = settings.allow_http or _truthy(env.get("AWS_ALLOW_HTTP", ""))
-            if not (allowed or _is_loopback(endpoint)):
+            if not (allowed or is_loopback(endpoint)):
                 raise ValueError(
                     f"storage endpoint {endpoint} is plain HTTP: credentials and data would "
                     "cross the network unencrypted; use https, or set storage.allow_http"

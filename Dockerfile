@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
-# The dispatch image: every process of docker-compose.yml but the Kafka broker (which runs the
-# official apache/kafka image) runs from it: `dispatch serve`, `dispatch streaming`,
-# `dispatch worker`, `dispatch keys` and the topics init. See docs/deployment.md.
+# The dispatch image: every process of docker-compose.yml but the Kafka brokers and the object
+# store (the official apache/kafka and minio/minio images) runs from it: `dispatch serve`,
+# `dispatch streaming`, `dispatch worker`, `dispatch keys`, the topics init, and the Spark
+# master and worker (pyspark's `spark-class`). See docs/deployment.md.
 #
 #   docker build -t dispatch:local .
 #
@@ -46,8 +47,9 @@ COPY stack/ stack/
 COPY dispatch/ dispatch/
 # `python -m dispatch.stack.jars fetch` resolves stack/maven/*/pom.xml with Maven and checks
 # every file against the SHA-256 in stack/jars.lock: the image holds exactly the jars the
-# tests ran with. It fetches the broker set too; only the Spark set is kept (the broker runs
-# in its own container). Maven's repository is a build cache, never part of the image.
+# tests ran with. It fetches the broker set too; only the sets a Spark driver loads (spark,
+# and s3: hadoop-aws and its AWS SDK for a warehouse on object storage) are kept, the brokers
+# run in containers of their own. Maven's repository is a build cache, never in the image.
 ENV DISPATCH_PATHS__CACHE=/opt/dispatch/cache
 RUN --mount=type=cache,target=/opt/dispatch/cache/m2 \
     python -m dispatch.stack.jars fetch \
@@ -71,6 +73,7 @@ RUN useradd --system --uid 10001 --create-home --home-dir /home/dispatch dispatc
     && mkdir -p /data/var /data/warehouse /data/keys \
     && chown -R dispatch:dispatch /data
 COPY --from=jars /opt/dispatch/cache/jars/spark /opt/dispatch/cache/jars/spark
+COPY --from=jars /opt/dispatch/cache/jars/s3 /opt/dispatch/cache/jars/s3
 COPY . .
 # Editable, so the package's root stays /app: dispatch.settings finds conf/defaults.toml and
 # stack/jars.lock relative to the package (a site-packages install would not have them).

@@ -6,8 +6,13 @@ at commit 170098ba07d9f53c383a41bfd4c5166b0a4529a6 (the file last changed in a08
 2025-10-21; byte for byte the schema of compose-go v2.9.0), JSON Schema draft 7. The schema
 accepts much that cannot work (any restart string, any command, any variable), so the facts a
 user of the deployment relies on are checked as well: the commands exist in `dispatch.cli`,
-every DISPATCH_* variable is a real setting, the API nodes share the lease table's warehouse,
-every Kafka client points at the broker, and the broker is configured like the local one.
+every DISPATCH_* variable is a real setting, the API nodes and the fold share one warehouse on
+the object store whose bucket a one-shot service makes, every Kafka client knows every broker,
+the three brokers form one quorum configured like the local cluster (replication factor 3,
+min ISR 2, the internal topics too), and the fold drives the Spark standalone cluster.
+
+No Docker engine runs here: these checks read the files, as `docker compose config` would,
+plus what only this project knows (its settings, its CLI, its jar sets).
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ import json
 import os
 import re
 import shlex
+import sysconfig
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import pytest
@@ -43,6 +50,7 @@ from dispatch.cli_jobs import load_app
 from dispatch.settings import PROJECT_ROOT, Settings, load_settings
 from dispatch.stack import jars
 from dispatch.stack.broker import TOPIC_MAX_MESSAGE_BYTES, server_properties
+from dispatch.storage import is_object_store, scheme, storage_options
 
 COMPOSE_FILE = PROJECT_ROOT / "docker-compose.yml"
 SCHEMA_FILE = PROJECT_ROOT / "stack" / "compose-spec.json"
@@ -50,6 +58,31 @@ SCHEMA_SHA256 = "1f91e091f16b2dd50ab8860e02bb391d22df553d91c145eacedb1b6eff9c3f0
 DOCKERFILE = PROJECT_ROOT / "Dockerfile"
 DOCKERIGNORE = PROJECT_ROOT / ".dockerignore"
 BROKER_IMAGE = "apache/kafka"
+BROKERS = 3
+"""Kafka nodes of the cluster: replication factor 3 and min ISR 2 survive the loss of any one."""
+OBJECT_STORE_IMAGE = "minio/minio"
+SPARK_CLASS = "spark-class"
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+# The flags of the standalone daemons' command lines (Spark's MasterArguments and
+# WorkerArguments); a typo would stop the daemon at start.
+MASTER_FLAGS = ("--host", "--port", "--webui-port", "--properties-file")
+WORKER_FLAGS = (*MASTER_FLAGS, "--cores", "--memory", "--work-dir")
+SPARK_JAR_SETS = ("spark", "s3")
+"""The jar sets a Spark driver loads: Delta and the Kafka connector, and hadoop-aws with its AWS
+SDK for a warehouse on object storage (the compose file's)."""
+STORAGE_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
+"""How the storage clients (delta-rs, hadoop-aws) find the object store and sign for it."""
+# Per node, not per cluster: node id, addresses, the data folder. Every other property of the
+# local cluster's nodes must be the brokers' too.
+NODE_PROPERTIES = (
+    "node.id",
+    "controller.quorum.voters",
+    "listeners",
+    "advertised.listeners",
+    "listener.security.protocol.map",
+    "log.dirs",
+)
 ENV_PREFIX = "DISPATCH_"
 # Read by the client and the worker SDK (dispatch/client.py) and by the settings loader, not
 # settings themselves; test_client_variables_are_read_by_the_client keeps this list honest.
@@ -170,10 +203,96 @@ def is_broker(service: Service) -> bool:
     return str(service.get("image", "")).startswith(BROKER_IMAGE + ":")
 
 
-def broker_name(services: dict[str, Service]) -> str:
-    brokers = [name for name, service in services.items() if is_broker(service)]
-    assert len(brokers) == 1, f"expected one {BROKER_IMAGE} service, found {brokers}"
-    return brokers[0]
+def broker_names(services: dict[str, Service]) -> list[str]:
+    brokers = sorted(name for name, service in services.items() if is_broker(service))
+    assert len(brokers) == BROKERS, f"expected {BROKERS} {BROKER_IMAGE} services, found {brokers}"
+    return brokers
+
+
+def listeners(text: str) -> dict[str, tuple[str, int]]:
+    """`NAME://host:port,...` as {NAME: (host, port)}."""
+    found = {}
+    for listener in text.split(","):
+        name, _, address = listener.partition("://")
+        host, _, port = address.rpartition(":")
+        found[name] = (host, int(port))
+    return found
+
+
+def object_store_name(services: dict[str, Service]) -> str:
+    """The S3 server: the object store image running `server`."""
+    stores = [
+        name
+        for name, service in services.items()
+        if str(service.get("image", "")).startswith(OBJECT_STORE_IMAGE + ":")
+        and command_of(service)[:1] == ["server"]
+    ]
+    assert len(stores) == 1, f"expected one {OBJECT_STORE_IMAGE} server, found {stores}"
+    return stores[0]
+
+
+def store_option(argv: list[str], flag: str, default: str) -> str:
+    return argv[argv.index(flag) + 1] if flag in argv else default
+
+
+def bucket_inits(services: dict[str, Service]) -> dict[str, list[str]]:
+    """The services whose script makes a bucket (`mc mb`), with the buckets' `alias/name`."""
+    found = {}
+    for name, service in services.items():
+        script = "\n".join(command_of(service))
+        made = re.findall(r"\bmc mb (?:--ignore-existing |-p )*(\S+)", script)
+        if made:
+            found[name] = made
+    return found
+
+
+@dataclass(frozen=True)
+class SparkDaemon:
+    main_class: str
+    positional: list[str]
+    options: dict[str, str]
+
+
+def spark_daemon(argv: list[str]) -> SparkDaemon | None:
+    """A `spark-class <Master|Worker> ...` command line, parsed as the daemon would (an unknown
+    flag or a flag without its value raises ValueError); None for any other command."""
+    if argv[:1] != [SPARK_CLASS]:
+        return None
+    main_class, *rest = argv[1:]
+    flags = {MASTER_CLASS: MASTER_FLAGS, WORKER_CLASS: WORKER_FLAGS}.get(main_class)
+    if flags is None:
+        raise ValueError(f"{SPARK_CLASS} {main_class}: not a standalone master or worker")
+    positional: list[str] = []
+    options: dict[str, str] = {}
+    while rest:
+        part = rest.pop(0)
+        if part.startswith("--"):
+            if part not in flags or not rest:
+                raise ValueError(f"{main_class}: {part} is not a flag it takes with a value")
+            options[part] = rest.pop(0)
+        else:
+            positional.append(part)
+    if main_class == WORKER_CLASS and len(positional) != 1:
+        raise ValueError(f"a worker takes one master URL, got {positional}")
+    if main_class == MASTER_CLASS and positional:
+        raise ValueError(f"a master takes no positional arguments, got {positional}")
+    return SparkDaemon(main_class, positional, options)
+
+
+def spark_daemons(services: dict[str, Service], main_class: str) -> dict[str, SparkDaemon]:
+    found = {}
+    for name, service in services.items():
+        daemon = spark_daemon(command_of(service))
+        if daemon is not None and daemon.main_class == main_class:
+            found[name] = daemon
+    return found
+
+
+def megabytes(size: str) -> int:
+    """A JVM memory size (`512m`, `2g`) in MiB."""
+    match = re.fullmatch(r"(\d+)([mMgG])", size)
+    assert match, f"not a memory size: {size!r}"
+    return int(match.group(1)) * (1024 if match.group(2) in "gG" else 1)
 
 
 # --- the Dockerfile -----------------------------------------------------------------------
@@ -458,6 +577,38 @@ def test_no_host_interpolation(compose: dict[str, Any]) -> None:
     assert unescaped == []
 
 
+def test_what_docker_compose_config_refuses(
+    services: dict[str, Service], named_volumes: set[str]
+) -> None:
+    # What `docker compose config` / `up` check beyond the schema, without a Docker engine.
+    used = set()
+    for name, service in services.items():
+        for mount in mounts_of(service):
+            if not mount.source.startswith((".", "/")):
+                assert mount.source in named_volumes, f"{name}: undefined volume {mount.source}"
+                used.add(mount.source)
+    assert named_volumes == used, f"declared but never mounted: {named_volumes - used}"
+    # Two services cannot bind one host port.
+    published = [port for service in services.values() for port, _ in published_ports(service)]
+    assert len(published) == len(set(published)), f"host ports published twice: {published}"
+    # A cycle in depends_on is refused.
+    visiting: list[str] = []
+
+    def visit(name: str) -> None:
+        assert name not in visiting, f"depends_on cycle: {[*visiting, name]}"
+        visiting.append(name)
+        for target in depends_on(services[name]):
+            visit(target)
+        visiting.pop()
+
+    for name in services:
+        visit(name)
+    # A hostname other than the service name would be advertised (Kafka, Spark, MinIO) but not
+    # resolved: the network knows containers by their service names.
+    for name, service in services.items():
+        assert service.get("hostname", name) == name, f"{name}: hostname {service['hostname']}"
+
+
 # --- settings -----------------------------------------------------------------------------
 
 
@@ -497,6 +648,11 @@ def test_every_project_service_runs_a_real_command(services: dict[str, Service])
         if not is_project_image(service):
             continue
         argv = command_of(service)
+        if spark_daemon(argv) is not None:
+            # pip installs pyspark's launcher among the interpreter's scripts (/usr/local/bin
+            # in the image, on its PATH), as it did here.
+            assert (Path(sysconfig.get_path("scripts")) / SPARK_CLASS).is_file(), SPARK_CLASS
+            continue
         invocations = dispatch_invocations(argv)
         snippets = python_snippets(argv)
         assert invocations or snippets, f"{name}: unrecognised command {argv}"
@@ -535,8 +691,8 @@ def test_one_image_built_from_the_dockerfile(services: dict[str, Service]) -> No
             assert build["target"] == image.final_stage, name
 
 
-def test_three_api_nodes_share_the_warehouse(
-    services: dict[str, Service], named_volumes: set[str], monkeypatch: pytest.MonkeyPatch
+def test_api_nodes_and_the_fold_share_one_warehouse_on_the_object_store(
+    services: dict[str, Service], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     nodes = invocations_of(services, "serve")
     assert len(nodes) == 3, f"expected three API nodes, found {sorted(nodes)}"
@@ -546,18 +702,114 @@ def test_three_api_nodes_share_the_warehouse(
     assert len(node_ids) == 3, f"API nodes need distinct node ids: {node_ids}"
     streaming = invocations_of(services, "streaming")
     assert len(streaming) == 1, f"expected one streaming job, found {sorted(streaming)}"
-    volumes = set()
+    [(init, [made])] = bucket_inits(services).items()
+    warehouses = set()
+    writers: dict[str, list[str]] = {}
     for name in [*nodes, *streaming]:
         service = services[name]
         settings = settings_under(container_environment(service), monkeypatch)
-        # The lease table lives in the warehouse: one volume, the same for all, writable.
-        warehouse = PurePosixPath(settings.paths.warehouse)
-        mount = next((m for m in mounts_of(service) if PurePosixPath(m.target) == warehouse), None)
-        assert mount is not None, f"{name}: no volume at {settings.paths.warehouse}"
-        assert not mount.read_only, f"{name}: the warehouse must be writable (leases)"
-        volumes.add(mount.source)
-    assert len(volumes) == 1, f"the API nodes and streaming must share one warehouse: {volumes}"
-    assert volumes <= named_volumes, "the warehouse is not a named volume"
+        # The URI as the settings hand it to delta-rs and Spark: `s3://bucket/prefix`, intact.
+        warehouses.add(str(settings.paths.warehouse).rstrip("/"))
+        for mount in mounts_of(service):
+            if not mount.read_only:
+                writers.setdefault(mount.source, []).append(name)
+        assert depends_on(service).get(init) == "service_completed_successfully", name
+    assert len(warehouses) == 1, f"the API nodes and the fold share no warehouse: {warehouses}"
+    # The lease table lives in the warehouse, on the store: no volume of one host is shared
+    # (written by two of them), which would tie the nodes to that host.
+    assert all(len(names) == 1 for names in writers.values()), f"volumes shared: {writers}"
+    [warehouse] = warehouses
+    location = urlsplit(warehouse)
+    assert location.scheme == "s3" and location.path.strip("/"), warehouse
+    # The bucket is the one the init makes.
+    assert made.partition("/")[2] == location.netloc, f"{init} makes {made}, not {location.netloc}"
+
+
+def test_storage_clients_reach_the_store_with_its_account(services: dict[str, Service]) -> None:
+    store = object_store_name(services)
+    store_env = environment_of(services[store])
+    argv = command_of(services[store])
+    port = int(store_option(argv, "--address", ":9000").rpartition(":")[2])
+    clients = [
+        *invocations_of(services, "serve"),
+        *invocations_of(services, "streaming"),
+        # Executors write the warehouse's Delta files too (a prune's moves, compaction).
+        *spark_daemons(services, WORKER_CLASS),
+    ]
+    for name in clients:
+        environment = container_environment(services[name])
+        missing = [key for key in STORAGE_VARIABLES if not environment.get(key)]
+        assert not missing, f"{name}: set {missing}"
+        endpoint = urlsplit(environment["AWS_ENDPOINT_URL"])
+        assert (endpoint.hostname, endpoint.port) == (store, port), f"{name}: {endpoint.geturl()}"
+        # Plain HTTP inside the network: object_store (delta-rs) refuses it unless allowed.
+        if endpoint.scheme == "http":
+            assert environment.get("AWS_ALLOW_HTTP") == "true", name
+        account = (environment["AWS_ACCESS_KEY_ID"], environment["AWS_SECRET_ACCESS_KEY"])
+        assert account == (store_env["MINIO_ROOT_USER"], store_env["MINIO_ROOT_PASSWORD"]), name
+
+
+def test_dispatch_processes_get_the_stores_options(
+    services: dict[str, Service], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What delta-rs is handed for the warehouse (the lease table's compare-and-swap included),
+    # by dispatch.storage from each process's settings and environment: the store's endpoint
+    # and account, plain HTTP allowed inside the network (refused otherwise), path-style
+    # requests, conditional writes.
+    store = object_store_name(services)
+    store_env = environment_of(services[store])
+    port = store_option(command_of(services[store]), "--address", ":9000").rpartition(":")[2]
+    for name in [*invocations_of(services, "serve"), *invocations_of(services, "streaming")]:
+        environment = container_environment(services[name])
+        settings = settings_under(environment, monkeypatch)
+        options = storage_options(settings.storage, str(settings.paths.warehouse), environment)
+        assert options["aws_endpoint"] == f"http://{store}:{port}", name
+        assert options["aws_allow_http"] == "true", name
+        assert options["aws_virtual_hosted_style_request"] == "false", name
+        assert options["aws_conditional_put"] == "etag", name
+        assert (options["aws_access_key_id"], options["aws_secret_access_key"]) == (
+            store_env["MINIO_ROOT_USER"],
+            store_env["MINIO_ROOT_PASSWORD"],
+        ), name
+
+
+def test_the_object_store_keeps_its_data_and_the_bucket_is_made_once(
+    services: dict[str, Service], named_volumes: set[str]
+) -> None:
+    store = object_store_name(services)
+    service = services[store]
+    argv = command_of(service)
+    # `server DIR [--address :PORT] [--console-address :PORT]`
+    data_dir = argv[1]
+    assert any(m.target == data_dir and m.source in named_volumes for m in mounts_of(service)), (
+        f"{store}: {data_dir} is on no named volume"
+    )
+    # MinIO refuses a root password under 8 characters.
+    assert len(environment_of(service)["MINIO_ROOT_PASSWORD"]) >= 8
+    healthcheck = service.get("healthcheck")
+    assert healthcheck and not healthcheck.get("disable"), f"{store}: no healthcheck"
+    port = store_option(argv, "--address", ":9000").rpartition(":")[2]
+    [(init, made)] = bucket_inits(services).items()
+    assert one_shot(services[init]), f"{init} runs once: restart must be 'no'"
+    assert depends_on(services[init]).get(store) == "service_healthy", init
+    entrypoint = services[init].get("entrypoint")
+    assert entrypoint in (["/bin/sh", "-c"], ["sh", "-c"]), f"{init}: the script needs a shell"
+    script = "\n".join(command_of(services[init]))
+    # The alias the bucket is made under points at the store, with the store's own account
+    # (the init's environment gives the same values: `$MINIO_ROOT_USER`...).
+    for target in made:
+        alias = target.partition("/")[0]
+        assert re.search(
+            rf"mc alias set {alias} http://{store}:{port} "
+            r'"\$MINIO_ROOT_USER" "\$MINIO_ROOT_PASSWORD"',
+            script,
+        ), script
+    init_env = environment_of(services[init])
+    store_env = environment_of(service)
+    for key in ("MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD"):
+        assert init_env.get(key) == store_env[key], f"{init}: {key}"
+    # Made again on every start: must succeed when it exists.
+    assert "--ignore-existing" in script
 
 
 def test_api_nodes_listen_advertise_and_publish_their_port(
@@ -601,72 +853,117 @@ def test_the_streaming_checkpoint_survives_restarts(
 ) -> None:
     for name in invocations_of(services, "streaming"):
         settings = settings_under(container_environment(services[name]), monkeypatch)
-        var = PurePosixPath(settings.paths.var)
+        checkpoints = settings.paths.checkpoint_root()
+        if is_object_store(checkpoints):
+            # Beside the warehouse, on the store every container reaches.
+            assert scheme(checkpoints) == scheme(settings.paths.warehouse), checkpoints
+            continue
+        local = PurePosixPath(checkpoints)
         assert any(
-            PurePosixPath(m.target) == var and m.source in named_volumes
+            local.is_relative_to(PurePosixPath(m.target)) and m.source in named_volumes
             for m in mounts_of(services[name])
-        ), f"{name}: paths.var ({settings.paths.var}, the checkpoint) is not on a named volume"
+        ), f"{name}: the checkpoint ({checkpoints}) is not on a named volume"
 
 
-def test_kafka_clients_point_at_the_broker(
+def test_kafka_clients_know_every_broker(
     services: dict[str, Service], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    broker = broker_name(services)
-    environment = environment_of(services[broker])
-    # NAME://host:port each; the containers need the one named by the broker's service name.
-    advertised = [
-        listener.partition("://")[2]
-        for listener in environment["KAFKA_ADVERTISED_LISTENERS"].split(",")
-    ]
-    in_network = {address for address in advertised if address.startswith(broker + ":")}
+    brokers = broker_names(services)
+    # The address each broker advertises in the network: its service name.
+    in_network = set()
+    for broker in brokers:
+        advertised = listeners(environment_of(services[broker])["KAFKA_ADVERTISED_LISTENERS"])
+        host, port = advertised["PLAINTEXT"]
+        assert host == broker, f"{broker} advertises {host}: not a name the network resolves"
+        in_network.add(f"{host}:{port}")
     clients = kafka_clients(services)
     assert len(clients) >= 5, f"expected topics, streaming and three API nodes: {clients}"
     for name in clients:
         settings = settings_under(container_environment(services[name]), monkeypatch)
-        assert settings.kafka.bootstrap in in_network, (
-            f"{name}: DISPATCH_KAFKA__BOOTSTRAP={settings.kafka.bootstrap}, but the broker "
-            f"advertises {sorted(in_network)} in the network"
+        # All of them: a client must start (and find the cluster) while any one is down.
+        servers = {server.strip() for server in settings.kafka.bootstrap.split(",")}
+        assert servers == in_network, (
+            f"{name}: DISPATCH_KAFKA__BOOTSTRAP={settings.kafka.bootstrap}, but the brokers "
+            f"advertise {sorted(in_network)} in the network"
         )
-        assert depends_on(services[name]).get(broker) == "service_healthy", name
+        # The brokers are containers: no dispatch process may start or format one.
+        assert settings.kafka.external, f"{name}: set DISPATCH_KAFKA__EXTERNAL"
+        assert settings.kafka.brokers == len(brokers), name
+        for broker in brokers:
+            assert depends_on(services[name]).get(broker) == "service_healthy", (name, broker)
 
 
-def test_the_broker_is_configured_like_the_local_one(
-    services: dict[str, Service], named_volumes: set[str]
+def test_the_brokers_form_one_quorum(services: dict[str, Service], named_volumes: set[str]) -> None:
+    brokers = broker_names(services)
+    environments = {name: environment_of(services[name]) for name in brokers}
+    # One cluster: one id to format every node's storage with, one set of voters.
+    assert len({env["CLUSTER_ID"] for env in environments.values()}) == 1
+    voters = {env["KAFKA_CONTROLLER_QUORUM_VOTERS"] for env in environments.values()}
+    assert len(voters) == 1, f"the nodes disagree on the quorum: {voters}"
+    quorum = {}
+    for voter in voters.pop().split(","):
+        node_id, _, address = voter.partition("@")
+        voter_host, _, voter_port = address.rpartition(":")
+        quorum[voter_host] = (node_id, int(voter_port))
+    assert sorted(quorum) == brokers, f"every node votes: {quorum}"
+    data_volumes = set()
+    host_ports = set()
+    for name, env in environments.items():
+        assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}, name
+        node_id, controller_port = quorum[name]
+        assert env["KAFKA_NODE_ID"] == node_id, f"{name}: node id {env['KAFKA_NODE_ID']}"
+        own = listeners(env["KAFKA_LISTENERS"])
+        assert own[env["KAFKA_CONTROLLER_LISTENER_NAMES"]][1] == controller_port, name
+        assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] in own, name
+        protocols = env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(",")
+        assert set(own) <= {pair.partition(":")[0] for pair in protocols}, f"{name}: protocol"
+        # The host's listener: published on the host's loopback at the port it advertises.
+        advertised = listeners(env["KAFKA_ADVERTISED_LISTENERS"])
+        for listener, (host, port) in advertised.items():
+            if host == "localhost":
+                assert (port, own[listener][1]) in published_ports(services[name]), name
+                assert all(
+                    str(spec).startswith("127.0.0.1:") for spec in services[name]["ports"]
+                ), f"{name}: a listener without authentication, published beyond loopback"
+                host_ports.add(port)
+        data_dir = env["KAFKA_LOG_DIRS"]
+        [mount] = [m for m in mounts_of(services[name]) if m.target == data_dir]
+        assert mount.source in named_volumes, f"{name}: its log must be on a named volume"
+        data_volumes.add(mount.source)
+        healthcheck = services[name].get("healthcheck")
+        assert healthcheck and not healthcheck.get("disable"), f"{name} needs a healthcheck"
+    assert len(data_volumes) == len(brokers), f"each node needs a log of its own: {data_volumes}"
+    assert len(host_ports) == len(brokers), f"each node needs a host port of its own: {host_ports}"
+
+
+def test_the_brokers_are_configured_like_the_local_cluster(
+    services: dict[str, Service], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    broker = services[broker_name(services)]
-    environment = environment_of(broker)
+    brokers = broker_names(services)
     # The same Kafka the tests run against: the version of the broker jars in stack/jars.lock.
     [version] = [
         match.group(1)
         for jar in jars.read_lock()["broker"]
         if (match := re.fullmatch(r"kafka_2\.13-([\d.]+)\.jar", jar.file_name))
     ]
-    assert broker["image"] == f"{BROKER_IMAGE}:{version}"
-    assert set(environment["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
-    local = server_properties(load_settings().kafka, Path("/unused"))
-    # One broker: transactions (the leader's write-ahead log) and consumer groups need their
-    # internal topics at replication factor 1 and min ISR 1, or they never start.
-    for key in (
-        "offsets.topic.replication.factor",
-        "offsets.topic.num.partitions",
-        "transaction.state.log.replication.factor",
-        "transaction.state.log.min.isr",
-        "transaction.state.log.num.partitions",
-        "default.replication.factor",
-        "min.insync.replicas",
-        "group.initial.rebalance.delay.ms",
-        "auto.create.topics.enable",
-        "replica.fetch.max.bytes",
-    ):
-        variable = "KAFKA_" + key.upper().replace(".", "_")
-        assert environment.get(variable) == local[key], f"{variable} should be {local[key]}"
-    assert int(environment["KAFKA_REPLICA_FETCH_MAX_BYTES"]) >= TOPIC_MAX_MESSAGE_BYTES
-    healthcheck = broker.get("healthcheck")
-    assert healthcheck and not healthcheck.get("disable"), "the broker needs a healthcheck"
-    data_dir = environment["KAFKA_LOG_DIRS"]
-    assert any(m.target == data_dir and m.source in named_volumes for m in mounts_of(broker)), (
-        "the broker's log must be on a named volume"
-    )
+    # The local cluster the clients' settings describe (`dispatch up` with three brokers).
+    [topics] = topics_services(services)
+    kafka = settings_under(container_environment(services[topics]), monkeypatch).kafka
+    # Three copies of every record, two written before a write is acknowledged: one broker
+    # may die without losing an acknowledged record or stopping the dispatcher.
+    assert (kafka.brokers, kafka.replication_factor, kafka.min_insync_replicas) == (3, 3, 2)
+    for name in brokers:
+        broker = services[name]
+        environment = environment_of(broker)
+        assert broker["image"] == f"{BROKER_IMAGE}:{version}", name
+        local = server_properties(kafka, Path("/unused"), int(environment["KAFKA_NODE_ID"]))
+        for key, value in local.items():
+            if key in NODE_PROPERTIES:
+                continue
+            # apache/kafka turns KAFKA_A_B into a.b.
+            variable = "KAFKA_" + key.upper().replace(".", "_")
+            assert environment.get(variable) == value, f"{name}: {variable} should be {value}"
+        assert int(environment["KAFKA_REPLICA_FETCH_MAX_BYTES"]) >= TOPIC_MAX_MESSAGE_BYTES
 
 
 def test_the_topics_init_makes_the_dispatcher_topics(
@@ -680,6 +977,8 @@ def test_the_topics_init_makes_the_dispatcher_topics(
         "dispatch.events": 1,
         "dispatch.submit.rejected": 1,
     }
+    # create_topics makes them with these: every broker holds a replica, two acknowledge.
+    assert (settings.kafka.replication_factor, settings.kafka.min_insync_replicas) == (3, 2)
     assert TOPIC_MAX_MESSAGE_BYTES == 16 * 1024 * 1024
 
 
@@ -687,6 +986,7 @@ def test_start_order_and_restarts(services: dict[str, Service]) -> None:
     topics = topics_services(services)
     keys = list(invocations_of(services, "keys"))
     assert len(keys) == 1, f"expected one keys service, found {keys}"
+    buckets = list(bucket_inits(services))
     for name, service in services.items():
         for target, condition in depends_on(service).items():
             assert target in services, f"{name} depends on unknown {target}"
@@ -696,14 +996,49 @@ def test_start_order_and_restarts(services: dict[str, Service]) -> None:
             if condition == "service_completed_successfully":
                 assert one_shot(services[target]), f"{name}: {target} must run once"
         if one_shot(service):
-            assert name in [*topics, *keys], f"{name} does not restart"
+            assert name in [*topics, *keys, *buckets], f"{name} does not restart"
         else:
             assert service.get("restart") in LONG_RUNNING_RESTARTS, f"{name}: restart policy"
     for name in [*invocations_of(services, "serve"), *invocations_of(services, "streaming")]:
-        for init in topics:
+        for init in [*topics, *buckets]:
             assert depends_on(services[name]).get(init) == "service_completed_successfully"
     for name in invocations_of(services, "serve"):
         assert depends_on(services[name]).get(keys[0]) == "service_completed_successfully"
+
+
+def test_the_fold_drives_the_spark_cluster(
+    services: dict[str, Service], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [(master_name, master)] = spark_daemons(services, MASTER_CLASS).items()
+    workers = spark_daemons(services, WORKER_CLASS)
+    assert workers, "no Spark worker"
+    # Other containers reach a service by its name; the master advertises the name it binds.
+    assert master.options.get("--host") == master_name, f"{master_name}: --host {master_name}"
+    master_url = f"spark://{master_name}:{master.options.get('--port', '7077')}"
+    [(streaming_name, _)] = invocations_of(services, "streaming").items()
+    streaming = services[streaming_name]
+    spark = settings_under(container_environment(streaming), monkeypatch).spark
+    assert spark.master == master_url, f"{streaming_name}: spark.master should be {master_url}"
+    # Executors connect back to the driver: by a name the network resolves, on its interfaces.
+    assert spark.driver_host == streaming_name, f"{streaming_name}: spark.driver_host"
+    assert spark.driver_bind_address == "0.0.0.0", f"{streaming_name}: driver_bind_address"
+    for name, worker in workers.items():
+        assert worker.positional == [master_url], f"{name} registers with {worker.positional}"
+        # The driver connects to the executors at the address their worker advertises.
+        assert worker.options.get("--host") == name, f"{name}: --host {name}"
+        memory = worker.options.get("--memory", "1g")
+        assert megabytes(spark.executor_memory) <= megabytes(memory), (
+            f"{name}: executors of {spark.executor_memory} do not fit --memory {memory}"
+        )
+        assert int(worker.options.get("--cores", "1")) >= 1, name
+        assert depends_on(services[name]).get(master_name) == "service_healthy", name
+        assert depends_on(streaming).get(name) == "service_healthy", f"{streaming_name}: {name}"
+    assert depends_on(streaming).get(master_name) == "service_healthy", streaming_name
+    for name, daemon in [(master_name, master), *workers.items()]:
+        healthcheck = services[name].get("healthcheck")
+        assert healthcheck and not healthcheck.get("disable"), f"{name}: no healthcheck"
+        ui = f"http://127.0.0.1:{daemon.options.get('--webui-port', '8080')}/json/"
+        assert ui in " ".join(healthcheck["test"]), f"{name}: the healthcheck should fetch {ui}"
 
 
 def test_api_nodes_read_the_keys_the_keys_service_writes(
@@ -808,9 +1143,12 @@ def test_the_image_has_the_verified_spark_jars(monkeypatch: pytest.MonkeyPatch) 
         for flags, sources, destination in map(copy_arguments, image.stage(final, "COPY"))
         if flags.get("from") == jars_stage
     ]
-    # The final image reads the Spark set exactly where the jars stage verified it.
+    # The final image reads each set a Spark driver loads exactly where the jars stage
+    # verified it; the others (the brokers' and the test S3 server's) stay in the build stage.
+    assert set(SPARK_JAR_SETS) <= set(jars.JAR_SETS)
     assert from_jars == [
-        ([str(jars.set_dir(cache, "spark"))], str(jars.set_dir(final_cache, "spark")))
+        ([str(jars.set_dir(cache, name))], str(jars.set_dir(final_cache, name)))
+        for name in SPARK_JAR_SETS
     ]
 
 

@@ -57,10 +57,11 @@ RUN --mount=type=cache,target=/opt/dispatch/cache/m2 \
 
 # --- the image ---------------------------------------------------------------------------
 FROM base AS app
-# Paths inside the container: the verified jars, the process's own data (checkpoints of the
-# streaming query, Spark scratch), the Delta warehouse (shared by the streaming job and the
-# API nodes through a volume) and the API keys. The API must listen on every interface of
-# the container, not its loopback.
+# Paths inside the container: the verified jars, the process's own data (Spark scratch, and
+# the streaming checkpoint unless paths.checkpoints names an object store), a default Delta
+# warehouse for a single-container trial (docker-compose.yml puts it on the object store:
+# DISPATCH_PATHS__WAREHOUSE=s3://...) and the API keys. The API must listen on every
+# interface of the container, not its loopback.
 ENV DISPATCH_PATHS__CACHE=/opt/dispatch/cache \
     DISPATCH_PATHS__VAR=/data/var \
     DISPATCH_PATHS__WAREHOUSE=/data/warehouse \

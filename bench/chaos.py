@@ -272,6 +272,9 @@ class ChaosOptions:
     delta_timeout_s: float = 300.0
     scratch: Path | None = None
     """Keep the stack's folder here (logs, run files) instead of a temporary one."""
+    profile: str = ""
+    """`cluster`: the stack of conf/profiles/cluster.toml (3 brokers, the object store, a
+    Spark cluster with one worker, 3 API nodes) on free ports; "": the default stack."""
 
 
 class Chaos:
@@ -569,12 +572,14 @@ class ChaosResult:
         return not self.failures
 
 
-def chaos_settings(scratch: Path) -> Settings:
+def chaos_settings(scratch: Path, profile: str = "") -> Settings:
     """The failover benchmark's stack settings (free ports, no per-client cap), with short
     ack deadlines so that what a dead leader or worker held comes back within the run."""
-    from bench.failover_bench import stack_settings
+    from bench.failover_bench import cluster_profile_settings, stack_settings
 
-    settings = stack_settings(scratch)
+    if profile not in ("", "cluster"):
+        raise ValueError(f"unknown profile {profile!r}: expected cluster or none")
+    settings = cluster_profile_settings(scratch) if profile else stack_settings(scratch)
     dispatcher = settings.dispatcher.model_copy(
         update={"ack_timeout_s": 5.0, "max_ack_timeout_s": 20.0, "worker_expiry_s": 6.0}
     )
@@ -594,7 +599,7 @@ def run_chaos(options: ChaosOptions) -> ChaosResult:
         else:
             scratch = options.scratch
             scratch.mkdir(parents=True, exist_ok=True)
-        settings = chaos_settings(scratch)
+        settings = chaos_settings(scratch, options.profile)
         stack = cleanup.enter_context(running_stack(settings))
         chaos = Chaos(options, settings, stack)
         cleanup.callback(chaos.http.close)
@@ -808,6 +813,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--settle-timeout", type=float, default=300.0)
     parser.add_argument("--keep", type=Path, help="keep the stack's folder (logs) here")
+    parser.add_argument(
+        "--profile", choices=["cluster"], help="the cluster profile's stack (conf/profiles/)"
+    )
     parser.add_argument("--json", help="write the result as JSON to this file ('-': stdout)")
     args = parser.parse_args(argv)
     jobs = args.jobs
@@ -816,7 +824,7 @@ def main(argv: list[str] | None = None) -> int:
     options = ChaosOptions(
         jobs=jobs, rate=args.rate, faults=args.faults, seed=args.seed, workers=args.workers,
         slots=args.slots, pause_s=args.pause, broker_down_s=args.broker_down, gap_s=args.gap,
-        settle_timeout_s=args.settle_timeout, scratch=args.keep,
+        settle_timeout_s=args.settle_timeout, scratch=args.keep, profile=args.profile or "",
     )  # fmt: skip
     result = run_chaos(options)
     document = result_json(result)

@@ -59,7 +59,7 @@ import httpx
 
 from dispatch.settings import Settings, load_settings
 from dispatch.stack.local import ApiNode, LocalStack, StackPlan
-from dispatch.stack.ports import free_port
+from dispatch.stack.ports import free_port, free_port_run
 from dispatch.warehouse import Warehouse
 
 EXEC = "bench.noop"
@@ -279,6 +279,27 @@ def distinct_free_ports(count: int) -> list[int]:
             ports.append(port)
         time.sleep(0.001)
     return ports
+
+
+def cluster_profile_settings(scratch: Path, spark_workers: int = 1) -> Settings:
+    """The `cluster` profile (conf/profiles/cluster.toml: 3 brokers, the object store, a Spark
+    cluster, 3 API nodes) on free ports under `scratch`, with `spark_workers` workers (one
+    by default: a second costs a core this machine does not have)."""
+    first_broker = free_port_run(6)
+    store, master, *api_ports = distinct_free_ports(5)
+    return load_settings(
+        "cluster",
+        paths={"var": str(scratch / "var")},
+        kafka={
+            "bootstrap": f"127.0.0.1:{first_broker}",
+            "controller_port": first_broker + 1,
+            "start_timeout_s": 180.0,
+        },
+        storage={"endpoint_url": f"http://127.0.0.1:{store}"},
+        spark={"master": f"spark://127.0.0.1:{master}", "cluster_workers": spark_workers},
+        api={"ports": api_ports},
+        dispatcher={"default_cap": 1_000_000},
+    )
 
 
 def stack_settings(scratch: Path) -> Settings:

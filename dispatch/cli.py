@@ -10,9 +10,15 @@ from rich.console import Console
 from rich.table import Table
 
 from dispatch.cli_jobs import register as register_job_commands
-from dispatch.settings import ConfigError, Settings, load_settings
+from dispatch.settings import ConfigError, Settings, load_settings, profile_name
 from dispatch.stack.jars import JarError
-from dispatch.stack.local import ComponentStatus, LocalStack, StackPlan, StopSignals
+from dispatch.stack.local import (
+    ComponentStatus,
+    LocalStack,
+    StackPlan,
+    StopSignals,
+    recorded_profile,
+)
 from dispatch.stack.process import ProcessError
 
 app = typer.Typer(
@@ -24,10 +30,20 @@ console = Console()
 errors = Console(stderr=True)
 
 
-def _settings() -> Settings:
+def _settings(profile: str = "") -> Settings:
+    return _settings_and_profile(profile)[0]
+
+
+def _settings_and_profile(profile: str = "") -> tuple[Settings, str]:
+    """The settings with `profile`'s overlay (conf/profiles/), and the profile's name; without
+    one, DISPATCH_PROFILE's, else the profile the stack under `var` was started with, so that
+    `dispatch down` and `status` act on what `dispatch up --profile ...` started."""
     try:
-        return load_settings()
-    except ConfigError as error:
+        chosen = profile or profile_name()
+        if not chosen:
+            chosen = recorded_profile(load_settings())
+        return load_settings(chosen), chosen
+    except (ConfigError, ProcessError) as error:
         errors.print(f"[red]error:[/red] {error}", markup=True, highlight=False)
         raise typer.Exit(2) from error
 
@@ -48,10 +64,20 @@ def up(
     workers: Annotated[
         int, typer.Option(min=0, max=64, help="Demo workers (worker.examples) to run.")
     ] = 0,
+    profile: Annotated[
+        str,
+        typer.Option(
+            help="Settings overlay from conf/profiles/ (e.g. `cluster`: 3 brokers, an object "
+            "store, a Spark cluster, 3 API nodes); `down` and `status` remember it."
+        ),
+    ] = "",
 ) -> None:
     """Start the local stack (Kafka broker in KRaft mode, topics, the streaming fold, a leader
-    and a standby API node, demo workers); Ctrl-C stops it."""
-    stack = LocalStack(_settings(), StackPlan(streaming=streaming, workers=workers))
+    and a standby API node, demo workers; with `--profile cluster` the cluster's parts too);
+    Ctrl-C stops it."""
+    settings, chosen = _settings_and_profile(profile)
+    plan = StackPlan(streaming=streaming, workers=workers, profile=chosen)
+    stack = LocalStack(settings, plan)
     with StopSignals() as signals:
         try:
             created = stack.up()

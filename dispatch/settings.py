@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import tomllib
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +32,56 @@ ENV_PREFIX = "DISPATCH_"
 ENV_NESTED_DELIMITER = "__"
 
 
+PROFILE_ENV = "DISPATCH_PROFILE"
+PROFILES_DIR = PROJECT_ROOT / "conf" / "profiles"
+
+
 def config_file() -> Path:
     """The TOML file the settings are read from."""
     override = os.environ.get("DISPATCH_CONFIG")
     return Path(override) if override else PROJECT_ROOT / "conf" / "defaults.toml"
+
+
+_CHOSEN_PROFILE: ContextVar[str | None] = ContextVar("dispatch_profile", default=None)
+"""The profile `load_settings(profile=...)` is loading (None: DISPATCH_PROFILE decides)."""
+
+
+def profile_name() -> str:
+    """The profile being loaded: `load_settings`' argument, else DISPATCH_PROFILE ("": none)."""
+    chosen = _CHOSEN_PROFILE.get()
+    return chosen if chosen is not None else os.environ.get(PROFILE_ENV, "").strip()
+
+
+def profile_file(name: str) -> Path:
+    """A profile's overlay: `conf/profiles/<name>.toml`, read over the configuration file (its
+    values win; the environment and keyword arguments still win over both)."""
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", name):
+        raise ConfigError(f"profile {name!r}: a lower-case name (letters, digits, dashes)")
+    return PROFILES_DIR / f"{name}.toml"
+
+
+def profiles() -> list[str]:
+    """The profiles this installation has."""
+    return sorted(path.stem for path in PROFILES_DIR.glob("*.toml"))
+
+
+def config_files() -> list[Path]:
+    """The TOML files the settings are read from, later ones winning: the configuration file,
+    then the profile's overlay if DISPATCH_PROFILE names one."""
+    name = profile_name()
+    return [config_file(), profile_file(name)] if name else [config_file()]
+
+
+def _check_profile(path: Path) -> None:
+    if not path.is_file():
+        known = ", ".join(profiles()) or "none"
+        raise ConfigError(f"no profile {path.stem!r} ({PROFILE_ENV}); profiles: {known}")
+    with path.open("rb") as source:
+        overlay = tomllib.load(source)
+    # A profile's stack keeps its run files (pid files, the recorded profile) where `dispatch
+    # down` and `status` look for them: under the `var` every profile shares.
+    if "var" in overlay.get("paths", {}):
+        raise ConfigError(f"profile {path}: paths.var cannot be set by a profile")
 
 
 class ConfigError(Exception):
@@ -411,7 +460,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Highest priority first: keyword arguments, then the environment, then the file.
-        toml = TomlConfigSettingsSource(settings_cls, toml_file=config_file())
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=config_files(), deep_merge=True)
         return (init_settings, env_settings, toml)
 
     @model_validator(mode="after")
@@ -453,11 +502,26 @@ def _env_name(location: tuple[int | str, ...]) -> str:
     return ENV_PREFIX + ENV_NESTED_DELIMITER.join(part.upper() for part in parts)
 
 
-def load_settings(**overrides: Any) -> Settings:
-    """Load and validate the settings, or raise ConfigError naming every bad setting."""
+def load_settings(profile: str | None = None, **overrides: Any) -> Settings:
+    """Load and validate the settings, or raise ConfigError naming every bad setting.
+
+    `profile` (conf/profiles/<profile>.toml over the file; "" for none) instead of what
+    DISPATCH_PROFILE says."""
+    chosen = _CHOSEN_PROFILE.set(profile)
+    try:
+        return _load_settings(overrides)
+    finally:
+        _CHOSEN_PROFILE.reset(chosen)
+
+
+def _load_settings(overrides: dict[str, Any]) -> Settings:
     source = config_file()
     if not source.is_file():
         raise ConfigError(f"configuration file {source} does not exist (DISPATCH_CONFIG)")
+    origin = str(source)
+    if name := profile_name():
+        _check_profile(profile_file(name))
+        origin += f" with profile {name}"
     try:
         return Settings(**overrides)
     except ValidationError as error:
@@ -465,7 +529,7 @@ def load_settings(**overrides: Any) -> Settings:
             f"  {_setting_name(problem['loc'])} (env {_env_name(problem['loc'])}): {problem['msg']}"
             for problem in error.errors()
         ]
-        raise ConfigError(f"invalid settings from {source}:\n" + "\n".join(lines)) from error
+        raise ConfigError(f"invalid settings from {origin}:\n" + "\n".join(lines)) from error
 
 
 def to_environment(settings: Settings) -> dict[str, str]:

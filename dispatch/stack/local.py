@@ -27,6 +27,7 @@ import httpx
 
 from dispatch.settings import Settings, to_environment
 from dispatch.stack.broker import Broker, KafkaCluster, create_topics
+from dispatch.stack.object_store import ObjectStore
 from dispatch.stack.process import ManagedProcess, ProcessError
 
 DISPATCH = str(Path(sys.executable).parent / "dispatch")
@@ -70,20 +71,50 @@ class ApiNode:
 
 @dataclass(frozen=True)
 class StackPlan:
-    """What `up` started besides the broker and the API nodes."""
+    """What `up` started besides the broker and the API nodes, and with which profile."""
 
     streaming: bool = True
     workers: int = 0
+    profile: str = ""
+    """The settings profile (conf/profiles/) the stack runs with; "": none."""
+
+
+def _plan_file(settings: Settings) -> Path:
+    return settings.paths.var / "run" / "stack.json"
+
+
+def _read_plan(plan_file: Path) -> StackPlan | None:
+    try:
+        saved = json.loads(plan_file.read_text())
+    except FileNotFoundError:
+        return None
+    except (ValueError, OSError) as error:
+        raise ProcessError(f"{plan_file} is unreadable ({error}); remove it") from error
+    return StackPlan(
+        bool(saved.get("streaming", True)),
+        int(saved.get("workers", 0)),
+        str(saved.get("profile", "")),
+    )
+
+
+def recorded_profile(settings: Settings) -> str:
+    """The profile of the stack `up` started under these settings' `var` ("": none, or no
+    stack): `down` and `status` load it so they see the parts that profile runs."""
+    plan = _read_plan(_plan_file(settings))
+    return plan.profile if plan is not None else ""
 
 
 class LocalStack:
     def __init__(self, settings: Settings, plan: StackPlan | None = None) -> None:
         self.settings = settings
         self.kafka = KafkaCluster(settings)
+        # Parts a profile may have the stack run (conf/profiles/cluster.toml); None: the
+        # user's own (an S3 endpoint, a Spark master) or not used at all.
+        self.object_store = ObjectStore(settings) if settings.storage.serve else None
         self.nodes = [ApiNode(settings, port) for port in settings.api.ports]
         self.run_dir = settings.paths.var / "run"
         self.logs = settings.paths.var / "logs"
-        self.plan_file = self.run_dir / "stack.json"
+        self.plan_file = _plan_file(settings)
         self.plan = plan if plan is not None else self._saved_plan()
         self.streaming = ManagedProcess("streaming", self.run_dir, self.logs / "streaming.log")
 
@@ -96,13 +127,7 @@ class LocalStack:
         return self.kafka.nodes[0]
 
     def _saved_plan(self) -> StackPlan:
-        try:
-            saved = json.loads(self.plan_file.read_text())
-        except FileNotFoundError:
-            return StackPlan()
-        except (ValueError, OSError) as error:
-            raise ProcessError(f"{self.plan_file} is unreadable ({error}); remove it") from error
-        return StackPlan(bool(saved.get("streaming", True)), int(saved.get("workers", 0)))
+        return _read_plan(self.plan_file) or StackPlan()
 
     def workers(self, count: int | None = None) -> list[ManagedProcess]:
         wanted = self.plan.workers if count is None else count
@@ -117,6 +142,8 @@ class LocalStack:
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.plan_file.write_text(json.dumps(self.plan.__dict__))
+        if self.object_store is not None:
+            self.object_store.start()  # first: the lease table and the warehouse live there
         if not self.settings.kafka.external:
             self.kafka.start()
         # External brokers too: the topics this stack needs are its own to create.
@@ -217,10 +244,18 @@ class LocalStack:
             stopped.append("streaming")
         if not self.settings.kafka.external:
             stopped += self.kafka.stop()
+        if self.object_store is not None and self.object_store.stop():
+            stopped.append(self.object_store.name)
+        # Nothing of this stack runs any more: a later `up` starts from its own options (and
+        # profile), not from this one's.
+        self.plan_file.unlink(missing_ok=True)
         return stopped
 
     def status(self) -> list[ComponentStatus]:
         components = []
+        if self.object_store is not None:
+            store = self.object_store
+            components.append(ComponentStatus(store.name, store.pid, store.address, store.log_file))
         # External brokers are not this stack's processes: no pid to show or to watch.
         if not self.settings.kafka.external:
             for broker in self.kafka.nodes:

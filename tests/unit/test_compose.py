@@ -733,7 +733,7 @@ def test_storage_clients_reach_the_store_with_its_account(services: dict[str, Se
     clients = [
         *invocations_of(services, "serve"),
         *invocations_of(services, "streaming"),
-        # Executors write the warehouse's Delta files too (a prune's moves, compaction).
+        # Executors write the warehouse's Delta files too (a prune's moves).
         *spark_daemons(services, WORKER_CLASS),
     ]
     for name in clients:

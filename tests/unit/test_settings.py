@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatch import settings as settings_module
 from dispatch.settings import ENV_PREFIX, PROJECT_ROOT, ConfigError, load_settings, to_environment
 
 
@@ -127,3 +128,38 @@ def test_the_warehouse_follows_the_var_folder_unless_absolute() -> None:
     assert load_settings(paths={"var": "/srv/d"}).paths.warehouse == "/srv/d/delta"
     pinned = load_settings(paths={"var": "/srv/d", "warehouse": "/data/delta"})
     assert pinned.paths.warehouse == "/data/delta"
+
+
+def test_a_profile_overlays_the_file_and_the_environment_still_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DISPATCH_PROFILE", "cluster")
+    settings = load_settings()
+    # The cluster profile: three brokers at RF 3, the store served locally, a Spark cluster.
+    assert settings.kafka.brokers == 3 and settings.kafka.replication_factor == 3
+    assert settings.paths.warehouse == "s3://dispatch/warehouse"
+    assert settings.paths.checkpoint_root() == "s3://dispatch/checkpoints"
+    assert settings.storage.serve and settings.spark.cluster_workers == 2
+    assert settings.api.ports == [8000, 8001, 8002]
+    # What the profile leaves alone stays the file's; the environment wins over both.
+    assert settings.kafka.submit_topic == "dispatch.submit"
+    monkeypatch.setenv("DISPATCH_API__PORTS", "[9000]")
+    assert load_settings().api.ports == [9000]
+
+
+def test_an_unknown_or_misnamed_profile_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISPATCH_PROFILE", "nope")
+    with pytest.raises(ConfigError, match="profiles: cluster"):
+        load_settings()
+    monkeypatch.setenv("DISPATCH_PROFILE", "../defaults")
+    with pytest.raises(ConfigError, match="lower-case name"):
+        load_settings()
+
+
+def test_a_profile_may_not_move_var(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # `down` finds a stack's pid files under `var`: a profile moving it would hide them.
+    monkeypatch.setattr(settings_module, "PROFILES_DIR", tmp_path)
+    (tmp_path / "elsewhere.toml").write_text('[paths]\nvar = "/tmp/x"\n')
+    monkeypatch.setenv("DISPATCH_PROFILE", "elsewhere")
+    with pytest.raises(ConfigError, match=r"paths\.var"):
+        load_settings()

@@ -1,12 +1,14 @@
 """The embedded local stack as one unit: what `dispatch up`, `down` and `status` act on.
 
-In start order (stopped in reverse): the Kafka broker (or `kafka.brokers` nodes of a local
-cluster; none with `kafka.external`) and its topics, the Structured Streaming
-fold (`dispatch streaming`), one API node per `api.ports` (the first to take the lease leads,
-the others stand by), and optionally demo workers (`worker.examples`). Each is a managed
-process with a pid file under `var/run`; `var/run/stack.json` remembers which optional parts
-`up` started, so `status` and `down` know what to expect. `restart` stops one component by
-its recorded pid and starts it again with the same settings (`dispatch restart`).
+In start order (stopped in reverse): the object store (S3Proxy, when `storage.serve`), the
+Kafka broker (or `kafka.brokers` nodes of a local cluster; none with `kafka.external`) and its
+topics, a Spark standalone master and workers (when `spark.cluster_workers`), the Structured
+Streaming fold (`dispatch streaming`), one API node per `api.ports` (the first to take the
+lease leads, the others stand by), and optionally demo workers (`worker.examples`). Each is a
+managed process with a pid file under `var/run`; `var/run/stack.json` remembers which
+optional parts `up` started and the profile, so `status` and `down` know what to expect.
+`restart` stops one component by its recorded pid and starts it again with the same settings
+(`dispatch restart`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dispatch.settings import Settings, to_environment
 from dispatch.stack.broker import Broker, KafkaCluster, create_topics
 from dispatch.stack.object_store import ObjectStore
 from dispatch.stack.process import ManagedProcess, ProcessError
+from dispatch.stack.spark_cluster import SparkCluster
 
 DISPATCH = str(Path(sys.executable).parent / "dispatch")
 NODE_READY_TIMEOUT_S = 90.0
@@ -111,6 +114,7 @@ class LocalStack:
         # Parts a profile may have the stack run (conf/profiles/cluster.toml); None: the
         # user's own (an S3 endpoint, a Spark master) or not used at all.
         self.object_store = ObjectStore(settings) if settings.storage.serve else None
+        self.spark_cluster = SparkCluster(settings) if settings.spark.cluster_workers else None
         self.nodes = [ApiNode(settings, port) for port in settings.api.ports]
         self.run_dir = settings.paths.var / "run"
         self.logs = settings.paths.var / "logs"
@@ -146,6 +150,8 @@ class LocalStack:
             self.object_store.start()  # first: the lease table and the warehouse live there
         if not self.settings.kafka.external:
             self.kafka.start()
+        if self.spark_cluster is not None:
+            self.spark_cluster.start()  # before the fold, which submits to its master
         # External brokers too: the topics this stack needs are its own to create.
         created = create_topics(self.settings.kafka)
         dev_keys = ensure_dev_keys(self.settings.auth)
@@ -242,6 +248,8 @@ class LocalStack:
         ]
         if self.streaming.stop(timeout_s=60.0):
             stopped.append("streaming")
+        if self.spark_cluster is not None:
+            stopped += self.spark_cluster.stop()
         if not self.settings.kafka.external:
             stopped += self.kafka.stop()
         if self.object_store is not None and self.object_store.stop():
@@ -268,6 +276,11 @@ class LocalStack:
                         broker.log_file,
                     )
                 )
+        if self.spark_cluster is not None:
+            components += [
+                ComponentStatus(daemon.name, daemon.pid, daemon.address, daemon.log_file)
+                for daemon in self.spark_cluster.status()
+            ]
         managed: list[tuple[ManagedProcess, str]] = []
         if self.plan.streaming:
             managed.append((self.streaming, str(self.settings.paths.warehouse)))

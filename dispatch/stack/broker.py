@@ -53,6 +53,9 @@ HEARTBEAT_INTERVAL_MS = 250
 """Eight heartbeats per session timeout, so a few delayed by a GC pause or a busy two-core
 machine do not fence a live node."""
 
+QUORUM_FETCH_TIMEOUT_MS = 1000
+QUORUM_ELECTION_TIMEOUT_MS = 500
+
 log = logging.getLogger(__name__)
 
 
@@ -145,6 +148,12 @@ def server_properties(
         properties |= {
             "broker.session.timeout.ms": str(SESSION_TIMEOUT_MS),
             "broker.heartbeat.interval.ms": str(HEARTBEAT_INTERVAL_MS),
+            # The controllers' own failover (every node is one): a killed active controller is
+            # noticed after the fetch timeout, then the others elect; Kafka's 2 s and 1 s put
+            # about 3 s before any broker can be fenced at all.
+            "controller.quorum.fetch.timeout.ms": str(QUORUM_FETCH_TIMEOUT_MS),
+            "controller.quorum.election.timeout.ms": str(QUORUM_ELECTION_TIMEOUT_MS),
+            "controller.quorum.election.backoff.max.ms": str(QUORUM_ELECTION_TIMEOUT_MS),
             # Stated, not left to the default: a replica that missed acknowledged records
             # never becomes leader (that would lose them), the partition waits instead.
             "unclean.leader.election.enable": "false",

@@ -101,6 +101,9 @@ def test_a_cluster_replicates_internal_topics_like_the_dispatchers() -> None:
     assert int(properties["broker.heartbeat.interval.ms"]) * 8 <= int(
         properties["broker.session.timeout.ms"]
     )
+    # A dead active controller is replaced in about 1.5 s (Kafka's defaults: about 3 s).
+    assert int(properties["controller.quorum.fetch.timeout.ms"]) <= 1000
+    assert int(properties["controller.quorum.election.timeout.ms"]) <= 500
 
 
 def test_explicit_replication_settings_reach_the_internal_topics() -> None:

@@ -6,10 +6,11 @@ in one Kafka transaction. The position rides in the last events record of the co
 `submit` field), not in the consumer group: a submission is therefore consumed exactly when
 its `enqueued` event is durable, and a new leader reads on from the position the log's last
 batch carries. `send_offsets_to_transaction` costs two more sequential round trips per
-transaction (AddOffsetsToTxn, TxnOffsetCommit: 13 -> 7 ms p50 per commit here), so the group's
-offsets are sent with a transaction only about once a second, for the tools that read them
-(`kafka-consumer-groups`); they are never ahead of the log's position, and a new leader starts
-from whichever of the two is further. A leader that dies mid-iteration leaves nothing
+transaction (AddOffsetsToTxn, TxnOffsetCommit), which doubled the commit every submission
+waits for (BENCHMARKS.md, *End to end*), so the group's offsets are sent with a transaction
+only about once a second, for the tools that read them (`kafka-consumer-groups`); they are
+never ahead of the log's position, and a new leader starts from whichever of the two is
+further. A leader that dies mid-iteration leaves nothing
 half-done. All leaders of one group share one `transactional_id`, so `init_transactions` by a
 new leader fences the old one: its next commit fails, and it must step down.
 
@@ -221,9 +222,9 @@ class EventLog:
             # CONCURRENT_TRANSACTIONS until the broker has written the previous one's markers
             # (a millisecond or two); kafka-python then waits `retry_backoff_ms` before asking
             # again, 100 ms by default, for AddOffsetsToTxn every time. With one transaction per
-            # loop iteration that wait was most of the commit (a lone loop: 115 ms per
-            # transaction at 100 ms, 11.5 ms at 2 ms). Connection failures keep their own
-            # growing backoff (`reconnect_backoff_ms`).
+            # loop iteration that wait was most of the commit (a lone loop of transactions
+            # was ten times faster at 2 ms: BENCHMARKS.md, *End to end*, the history). Connection
+            # failures keep their own growing backoff (`reconnect_backoff_ms`).
             retry_backoff_ms=2,
         )
         # Fences every earlier producer of this group and aborts its open transaction, so

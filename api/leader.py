@@ -5,7 +5,7 @@ the waiting commands and the newly consumed submissions, lets the core decide (t
 its own events in memory at once), runs a tick (timeouts, delayed jobs, assignment), and then
 commits everything decided in **one** Kafka transaction. Only after that commit are replies
 answered, assignments handed to workers and results to waiting clients: nothing is visible
-outside the leader before it is durable (SPEC 10, "strict assign after commit").
+outside the leader before it is durable (docs/spec.md §10, "strict assign after commit").
 
 A failed commit means the in-memory state is ahead of the log: the loop stops, every waiting
 request fails with `LeaderUnavailable`, and the node builds a fresh leader from the log.
@@ -79,7 +79,8 @@ tools; the position of record rides in the events log, see `api.kafka_log`)."""
 
 REBUILD_MODULES = ("streaming.snapshot", "pyarrow.dataset")
 """What a rebuild imports on first use (delta-rs imports `pyarrow.dataset`, which brings
-pandas: about 0.2 s)."""
+pandas: a noticeable part of a first term's rebuild, BENCHMARKS.md, *Rebuild with 1,000,000
+jobs of history and 10,000 active*)."""
 
 
 def preload_rebuild_modules() -> None:
@@ -95,11 +96,12 @@ def collector_paused(*, freeze: bool = True) -> Iterator[None]:
 
     A rebuild allocates a million records, their payload and result dicts, and indexes, all
     of which stay alive: the collector, triggered every 10k allocations in a node
-    (`api.server.GC_THRESHOLDS`), would scan them again and again for nothing (0.3-0.7 s of a
-    1M-job rebuild at 100k). `gc.freeze()` then moves
+    (`api.server.GC_THRESHOLDS`), would scan them again and again for nothing (a sizeable
+    share of a 1M-job rebuild). `gc.freeze()` then moves
     everything alive to the permanent generation, so the serving term's full collections do
-    not scan the million long-lived objects either (0.4 s per collection at 1M jobs: a pause
-    every waiting request sees). Frozen objects are still freed by reference counting (a
+    not scan the million long-lived objects either (each such collection was a pause every
+    waiting request sees; figures: BENCHMARKS.md, *Rebuild with 1,000,000 jobs of history and
+    10,000 active*). Frozen objects are still freed by reference counting (a
     pruned job is); `Leader.stop` unfreezes them so that the term's state, which holds
     reference cycles, can be collected once the term ends. Nothing is frozen if the rebuild
     fails, nor with `freeze=False` (the collector is only paused)."""
@@ -320,7 +322,8 @@ class Leader:
             snapshot = None
         if snapshot is not None:
             # The snapshot's records were just read for this term and are used nowhere else:
-            # the core takes them as they are (copying a million records costs half a second).
+            # the core takes them as they are (copying a million records would lengthen the
+            # failover: BENCHMARKS.md, *Rebuild with 1,000,000 jobs of history*).
             self.core = Dispatcher.restore(
                 snapshot.jobs, config=config, epoch=snapshot.fence_epoch, owned=True
             )

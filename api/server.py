@@ -22,10 +22,10 @@ from dispatch.submit_records import ENVELOPE_BYTES
 GC_THRESHOLDS = (10_000, 3, 100)
 """The node's cyclic-collector thresholds. A pause of the collector is a pause of every
 request and of the leader's loop, so what matters is each pause's length, not their total:
-a young generation of 10k objects takes ~2 ms to scan, and the middle one, emptied every
-third young collection, under 20 ms. At (100_000, 50, 100), tuned for throughput, each young
-collection took ~30 ms, every second or two at 2,500 jobs/s: most of submit→assign's p99
-(BENCHMARKS.md, *End to end*); at (10_000, 10, 100) each middle one took up to 65 ms.
+a young generation of 10k objects is quick to scan, and so is the middle one, emptied every
+third young collection. At (100_000, 50, 100), tuned for throughput, each young collection was
+a pause every second or two under load, most of submit→assign's p99; at (10_000, 10, 100)
+each middle one was long (the figures: BENCHMARKS.md, *End to end*).
 CPython's defaults (700, 10, 10) rescan the long-lived jobs held in the old generation far
 too often. The rebuild pauses the collector and freezes what it built
 (`api.leader.collector_paused`), whatever these are."""

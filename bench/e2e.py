@@ -296,7 +296,8 @@ class Load:
                     elif message["type"] == "settled_many":
                         settled = len(message["results"])
                         self.completed += settled
-                        # Acks return no credit (SPEC 5): the worker grants more when ready.
+                        # Acks return no credit (docs/spec.md §5): the worker grants more
+                        # when ready.
                         await socket.send(json.dumps({"type": "credit", "credits": settled}))
                         if self.completed >= self._expected:
                             self.done.set()

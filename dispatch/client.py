@@ -1,6 +1,6 @@
 """The client SDK: `Client` (sync) and `AsyncClient` (asyncio), on httpx.
 
-Both speak the REST contract of DESIGN.md and are ready for failover: a follower's `307`
+Both speak the REST contract (docs/spec.md, *REST*) and are ready for failover: a follower's `307`
 is followed to the leader it names (and remembered), connection errors and `503` are
 retried with exponential backoff and jitter across the node list, for at most
 `retry_timeout_s` in total. A request is retried blindly only when that is safe: either the
@@ -226,10 +226,11 @@ class Backoff:
     initial_s: float = 0.1
     multiplier: float = 2.0
     max_s: float = 2.0
-    """A failover takes 3-4 s: with a 5 s cap, clients and workers came back up to 5 s after
-    the new leader was ready (in a chaos run, a canary's client saw 7.5-9.8 s where the log
-    had 4.4-6.4 s, and a worker killed 8 s after a leader kill had not reconnected to deliver
-    its ack, so its job ran again). A retry is one cheap request."""
+    """A failover takes a few seconds: with a 5 s cap, clients and workers came back up to
+    5 s after the new leader was ready (a canary's client saw its job seconds after the log
+    did, and a worker killed shortly after a leader kill had not reconnected to deliver its
+    ack, so its job ran again: BENCHMARKS.md, *`dispatch chaos`*). A retry is one cheap
+    request."""
     jitter: float = 0.5
 
     def __post_init__(self) -> None:

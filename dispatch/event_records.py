@@ -1,8 +1,8 @@
 """The `dispatch.events` record format: one record carries an ordered batch of events.
 
 kafka-python is pure Python, so a record per event per job costs more than the dispatching
-itself; the leader writes everything one transaction decided as one record (DESIGN.md,
-"amortise per-record cost"), and the streaming fold explodes it. Key: the dispatcher group,
+itself; the leader writes everything one transaction decided as one record (docs/spec.md,
+*Amortise per-record cost*), and the streaming fold explodes it. Key: the dispatcher group,
 so a group's batches stay in one partition, in order.
 
 Value: `{"v": 1, "group": str, "epoch": int, "submit": {partition: offset}, "events": [...]}`

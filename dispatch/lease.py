@@ -30,10 +30,9 @@ writers of v+1 get one 200 and one 412 (`CommitFailedError`), exactly as two loc
 one rename and one "file exists". tests/integration/test_lease_s3.py races contenders on a real
 S3-compatible server to hold it to that.
 
-Measured on the development machine (local disk, 2 cores, deltalake 1.6.6): a renew or a
-takeover takes 15-30 ms (median; load ~7-13 ms, query ~3 ms, commit ~7 ms), a read 10-16 ms,
-maintenance ~30-85 ms once per 100 commits; p90 up to ~100 ms while the machine was busy.
-On S3Proxy on loopback: bench/lease_failover_bench.py.
+A renew, a takeover or a read takes tens of milliseconds, far below the lease's period
+(local disk and S3Proxy: BENCHMARKS.md, *The lease on object storage*,
+bench/lease_failover_bench.py).
 """
 
 from __future__ import annotations
@@ -183,8 +182,9 @@ class LeaseTable:
     (`dispatch.storage.storage_options(settings.storage, warehouse)`; none for a local path).
 
     One `DeltaTable` is kept and brought up to date incrementally before each read: loading
-    the table afresh costs ~15 ms of CPU (the log since the last checkpoint), an incremental
-    update ~1 ms, and a leader and its standbys read or renew twice a second, forever."""
+    the table afresh replays the log since the last checkpoint, an incremental update only
+    what is new (an order of magnitude less CPU: BENCHMARKS.md, *The lease on object
+    storage*), and a leader and its standbys read or renew twice a second, forever."""
 
     def __init__(
         self,

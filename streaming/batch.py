@@ -11,7 +11,8 @@ The batch is folded on Spark's executors, partitioned by job (`streaming.executo
 with `fold_on="driver"`, collected to the driver and folded there (`_plan`); either way the
 result is a `Planned` (every table's rows in Arrow) that `write_planned` commits. The appends
 and the `jobs` MERGE are delta-rs commits from those rows (`streaming.delta_commits`: a Spark
-write per table cost ~2 s of fixed overhead a batch here), the rare prune step stays in Spark
+write per table cost seconds of fixed overhead a batch, BENCHMARKS.md, *Streaming*), the rare
+prune step stays in Spark
 (it selects closed rows by a condition over the history).
 
 Exactly-once effect, two layers:

@@ -2,8 +2,9 @@
 
 Why not Spark: a micro-batch of a few thousand rows is collected to the driver anyway (the fold
 runs the dispatcher core in Python), so a Spark write means `createDataFrame` from Arrow, a plan,
-a job with its tasks and a commit — about 2 s per table on this 2-core machine, three tables per
-batch. delta-rs writes the same Arrow table in tens of milliseconds, in-process, with no JVM.
+a job with its tasks and a commit — seconds per table, three tables per batch. delta-rs writes
+the same Arrow table in tens of milliseconds, in-process, with no JVM (BENCHMARKS.md,
+*Streaming: freshness and MERGE cost*).
 Spark keeps what it is good at: the Kafka source, its offsets and the checkpoint (and the
 rare prune step and VACUUM). The stats roll-up and compaction use delta-rs too.
 

@@ -118,9 +118,10 @@ _DEAD_REASONS: dict[str | None, DeadReason] = {reason.value: reason for reason i
 def records_from_arrow(table: Any) -> list[JobRecord]:
     """The core records of `jobs` rows in an Arrow table, column by column.
 
-    A million rows take about a second instead of the half minute of `JobRecord.from_dict`
-    per row: the rows were written from records the core made, so the field-by-field parsing
-    is skipped (and `Dispatcher.restore` checks each record's status against its fields).
+    Far faster than `JobRecord.from_dict` per row (BENCHMARKS.md, *Rebuild with 1,000,000
+    jobs of history*, `latest_snapshot`): the rows were written from records the core made,
+    so the field-by-field parsing is skipped (and `Dispatcher.restore` checks each record's
+    status against its fields).
     Each column becomes Python values in one pass (in Arrow where it can), and the records
     are built by `map`, with no Python code per row but JobRecord's own `__init__`."""
     columns: list[list[Any]] = []

@@ -10,9 +10,10 @@ writer of its tables, so maintenance never conflicts with a batch. Its commits c
 `Progress`; readers of the snapshot pointer skip them.
 
 Compaction is delta-rs's (`optimize.compact`), VACUUM Spark's: a Spark OPTIMIZE of one table
-took 3-11 s here, and the batch that ran it held every event behind it; delta-rs bins the
-same small files in about a second. VACUUM runs once a day per table and Spark's LITE mode
-reads the log instead of listing folders, which delta-rs does not offer.
+took seconds, and the batch that ran it held every event behind it; delta-rs bins the same
+small files several times faster (BENCHMARKS.md, *Streaming: freshness and MERGE cost*).
+VACUUM runs once a day per table and Spark's LITE mode reads the log instead of listing
+folders, which delta-rs does not offer.
 """
 
 from __future__ import annotations
@@ -132,8 +133,9 @@ class Maintenance:
     def vacuum(self, spark: SparkSession, names: list[str] | None = None) -> dict[str, float]:
         """Delete the files no version within the retention uses.
 
-        LITE mode finds them in the Delta log instead of listing the table's folders (here
-        ~2 s a table instead of ~25 s, and it does not grow with the number of partitions);
+        LITE mode finds them in the Delta log instead of listing the table's folders (an
+        order of magnitude faster, BENCHMARKS.md, *Streaming*, and it does not grow with the
+        number of partitions);
         it refuses when the log no longer covers the retention (e.g. after a long stop), and
         then the full listing runs once."""
         from pyspark.errors import PySparkException

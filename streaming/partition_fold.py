@@ -16,7 +16,8 @@ unit tests run them without a JVM and Spark runs them unchanged:
    and its group's `pruned` events, which every partition is given (`PruneEvent`).
 
 Why one Python call per partition and not per job: docs/streaming.md, "Where the fold should
-run" (per-group operators cost 5-40x the reducer itself here).
+run" (per-group operators cost many times the reducer itself: BENCHMARKS.md, *Where the
+fold could run*).
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ is keyed on it (a `txn` action with app id "<app>-rollup", version N); the next 
 takes rows above it. A crash between the MERGE and the DELETE leaves rows the next roll-up skips
 and deletes.
 
-Both commits are delta-rs's (`streaming.delta_commits`), like the batch's: a Spark MERGE here
-cost ~6 s every `rollup_every_s`, and the batch that ran it held every event behind it.
+Both commits are delta-rs's (`streaming.delta_commits`), like the batch's: a Spark MERGE cost
+seconds every `rollup_every_s` (BENCHMARKS.md, *Streaming*), and the batch that ran it held
+every event behind it.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ newest such commit and the `jobs` table *at that version* with delta-rs (no JVM)
         # batches only, with core.apply(...)
     core.resume(now)
 
-gives exactly the state of a leader that replayed the whole log (SPEC 11: the snapshot never
-already contains the replayed tail, and the tail is never missed). `jobs` holds exactly the
-jobs the leader holds: lives the leader pruned are in `jobs_archive`, not here.
+gives exactly the state of a leader that replayed the whole log (docs/spec.md §11: the
+snapshot never already contains the replayed tail, and the tail is never missed). `jobs` holds
+exactly the jobs the leader holds: lives the leader pruned are in `jobs_archive`, not here.
 """
 
 from __future__ import annotations

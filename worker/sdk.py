@@ -16,8 +16,8 @@ app.run()                          # until SIGTERM / Ctrl-C
 ```
 
 What the SDK does for you: credit (one per free slot, granted again as each job ends: an ack
-does not return credit, SPEC 5), heartbeats while a handler runs (a third of the time left
-before the deadline, so a slow job is not taken away), settling each attempt (the return
+does not return credit, docs/spec.md §5), heartbeats while a handler runs (a third of the time
+left before the deadline, so a slow job is not taken away), settling each attempt (the return
 value acks it; `Retry` or any other exception fails it as retryable; `PermanentError` fails
 it for good), reconnecting with backoff when the node goes away, and a graceful stop: on
 SIGTERM it takes no more jobs, lets running ones finish for `grace_s`, and releases the rest

@@ -1,7 +1,8 @@
 """JSON encoding of events for the log: one event, or an ordered batch in one record.
 
-A batch is a JSON array of event objects, in log order (DESIGN: one `dispatch.events` record
-may carry everything one transaction decided). `decode_events` accepts either form.
+A batch is a JSON array of event objects, in log order (one `dispatch.events` record may
+carry everything one transaction decided: docs/spec.md, *Amortise per-record cost*).
+`decode_events` accepts either form.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The dispatcher: the pure state machine behind every behaviour of SPEC.md items 1-9.
+"""The dispatcher: the pure state machine behind every behaviour of docs/spec.md §1-9.
 
 `Dispatcher` = state and fold (`state.DispatcherState`), queries (`queries`), the scheduler's
 decisions (`scheduler`), worker commands (`worker_commands`), settlement (`settlement`), and
@@ -296,7 +296,7 @@ class Dispatcher(WorkerCommands, SettlementCommands):
         old leader made is accepted. A worker named by a running job but absent from
         `workers` becomes a placeholder (no subjects, no credit) until it joins again.
         The records are copied, unless `owned=True`: then the dispatcher takes the records
-        themselves (no copy: half a second less for a million jobs) and mutates them from then on,
+        themselves (no copy: see BENCHMARKS.md, *Rebuild*) and mutates them from then on,
         so pass only records nothing else refers to and do not use them afterwards (e.g. the
         list `streaming.snapshot.latest_snapshot` just read). ValueError names the first
         inconsistent record.

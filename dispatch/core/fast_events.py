@@ -3,8 +3,9 @@
 A frozen dataclass's __init__ sets every field through object.__setattr__ and parses keyword
 arguments, which made `enqueued`, `assigned` and `completed` cost a third of a submit-assign-
 ack cycle. Writing the slots through their descriptors builds the very same (equal, frozen)
-object in about half the time. tests/unit/core/test_fast_events.py checks each factory against
-the constructor, and the import-time check below catches a field added without updating them.
+object in about half the time (BENCHMARKS.md, *Dispatcher core*).
+tests/unit/core/test_fast_events.py checks each factory against the constructor, and the
+import-time check below catches a field added without updating them.
 """
 
 from __future__ import annotations

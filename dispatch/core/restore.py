@@ -131,7 +131,8 @@ def _valid(records: list[JobRecord]) -> bool:
         status = job.status
         if status is _SUCCEEDED or status is _CANCELLED:
             # Everything check_record requires of a succeeded or cancelled job, inline: a
-            # call per job costs 0.3 s per million jobs, most of a snapshot being these.
+            # call per job is a visible share of a million-job restore (BENCHMARKS.md,
+            # *Rebuild with 1,000,000 jobs*), most of a snapshot being these.
             if (
                 job.deadline is not None
                 or job.dead_reason is not None

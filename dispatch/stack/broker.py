@@ -44,10 +44,10 @@ NODE_ID = 1
 SESSION_TIMEOUT_MS = 2000
 """A cluster node the controller has not heard from this long is fenced: its partitions get
 new leaders and it leaves their ISRs. Kafka's 9 s default would be the pause of every client
-after a kill -9 (acks=all writes wait for the dead follower until then). Measured with the
-leader's transactional producer, killing its transaction coordinator: at 3 s the new term's
-`init_transactions` sometimes still found no coordinator and the pause doubled (5.5-11.7 s),
-at 2 s it never did (5.4-5.9 s); no live node was fenced at load average 12 on two cores."""
+after a kill -9 (acks=all writes wait for the dead follower until then). Killing the
+leader's transaction coordinator: at 3 s the new term's `init_transactions` sometimes still
+found no coordinator and the pause doubled, at 2 s it never did, and no live node was fenced
+on a loaded machine (BENCHMARKS.md, *One broker of three killed*)."""
 
 HEARTBEAT_INTERVAL_MS = 250
 """Eight heartbeats per session timeout, so a few delayed by a GC pause or a busy two-core

@@ -3,7 +3,7 @@
 It is written for clarity, not speed: plain dicts and lists, a regex subject matcher, and
 linear scans. It does not pick assignments itself (the core decides among equally valid
 choices, e.g. which client's turn it is); instead it *checks* every event the core emits
-against the rules of SPEC.md before folding it, and predicts every outcome that the rules fix
+against the rules of docs/spec.md before folding it, and predicts every outcome that the rules fix
 (rejections, requeue or dead-letter, deadlines, queue positions).
 """
 

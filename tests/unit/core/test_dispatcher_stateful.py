@@ -1,6 +1,6 @@
 """Random command sequences against the reference model, with invariants after every step.
 
-Each rule sends one command to the core, checks the outcome the rules of SPEC.md fix (a
+Each rule sends one command to the core, checks the outcome the rules of docs/spec.md fix (a
 rejection code, requeue versus dead-letter, deadlines, queue positions) and lets the reference
 model check and fold every emitted event. After every step: the internal indexes agree with
 the records, the model and the core agree job by job and worker by worker, attempts stay within

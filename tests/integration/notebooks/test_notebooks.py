@@ -2,6 +2,8 @@
 in a process of its own: nbclient, a kernel on this venv's Python, the notebook's own Spark
 JVM), against tables made by a real run (see conftest.py), and checked on what its outputs
 show. A notebook whose cell fails makes the runner exit non-zero, which fails its test.
+`queue_health` also runs against the same tables in an object store (the session's S3Proxy),
+given as an `s3://` warehouse, the store's endpoint and keys in its environment only.
 
 The tests run in file order: the redrive, which changes the leader's state, comes last.
 """
@@ -14,18 +16,26 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import nbformat
+import pyarrow.fs as pafs
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 from nbformat import NotebookNode
 
 from dispatch.core.events import Redriven
 from dispatch.event_records import decode_batch
+from dispatch.settings import ENV_PREFIX, to_environment
+from dispatch.warehouse import Warehouse
 from notebooks.run import PARAMETERS_TAG, inject_parameters, parameter_names, read_notebook
+from streaming import tables as t
+from streaming.tables import SCHEMAS
 from tests.integration.notebooks.conftest import EXPECTED_STATUS, Produced
+from tests.s3_server import BUCKET, S3Server
 
 # Each notebook starts a kernel and a Spark JVM of its own: minutes on a busy 2-core machine.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -90,11 +100,20 @@ def pngs(notebook: NotebookNode, tag: str) -> int:
     )
 
 
-def run_notebook(produced: Produced, folder: Path, name: str, **parameters: Any) -> NotebookNode:
+def run_notebook(
+    produced: Produced,
+    folder: Path,
+    name: str,
+    environment: Mapping[str, str] | None = None,
+    **parameters: Any,
+) -> NotebookNode:
     """Run a notebook as a user does, `notebooks/run.py NAME.ipynb -p ...` in a process of its
     own (which starts the kernel, which starts the notebook's Spark JVM), and return the
     executed copy. One at a time: a notebook's time is mostly its JVM's start and first
-    queries, CPU-bound work two cores do no faster side by side."""
+    queries, CPU-bound work two cores do no faster side by side.
+
+    `warehouse` is the run's unless a parameter says otherwise; `environment` adds variables
+    to the process's (and so the kernel's)."""
     # The kernel loads the settings from conf/ and the environment like any user's: its
     # Spark scratch folders go under the test's own var, jars come from the same cache.
     # The notebook's JVM lives a minute: C2 compilation would cost more CPU than it saves
@@ -105,6 +124,7 @@ def run_notebook(produced: Produced, folder: Path, name: str, **parameters: Any)
         "DISPATCH_PATHS__VAR": str(folder / "var"),
         "DISPATCH_PATHS__CACHE": str(produced.settings.paths.cache),
         "JAVA_TOOL_OPTIONS": java_options.strip(),
+        **(environment or {}),
     }
     output, log = folder / f"{name}.ipynb", folder / f"{name}.log"
     command = [sys.executable, str(NOTEBOOKS / "run.py"), str(NOTEBOOKS / f"{name}.ipynb")]
@@ -176,7 +196,59 @@ def test_queue_health_shows_depth_in_flight_oldest_and_the_dlq(
     produced: Produced, tmp_path: Path
 ) -> None:
     notebook = run_notebook(produced, tmp_path, "queue_health")
+    check_queue_health(notebook, produced)
 
+
+def test_queue_health_reads_an_object_store_warehouse(
+    produced: Produced, s3_server: S3Server, tmp_path: Path
+) -> None:
+    # The run's tables, file for file, become objects under s3://dispatch/<prefix>/.
+    prefix = f"notebooks/{tmp_path.name}/warehouse"
+    for name in SCHEMAS:
+        upload(Path(produced.warehouse) / name, s3_server, f"{prefix}/{name}")
+    uri = s3_server.uri(prefix)
+    local_jobs = Warehouse.at(produced.warehouse).open(t.JOBS)
+    stored_jobs = Warehouse.at(uri, s3_server.settings()).open(t.JOBS)
+    assert stored_jobs.version() == local_jobs.version()
+    assert stored_jobs.to_pyarrow_table().num_rows == len(EXPECTED_STATUS)
+
+    # Only the warehouse parameter names the store; its endpoint and keys reach the kernel as
+    # any user's settings do (DISPATCH_STORAGE__*); the run's settings name a local folder.
+    storage = produced.settings.model_copy(update={"storage": s3_server.settings()})
+    environment = {
+        key: value
+        for key, value in to_environment(storage).items()
+        if key.startswith(f"{ENV_PREFIX}STORAGE__")
+    }
+    notebook = run_notebook(produced, tmp_path, "queue_health", environment, warehouse=uri)
+
+    assert f"{uri}: views " in text(notebook, "setup")
+    check_queue_health(notebook, produced)
+
+
+def upload(folder: Path, server: S3Server, key: str) -> None:
+    """Every file under `folder` as an object under `key` of the server's bucket, put through
+    the S3 API. Not a copy into the server's own folder: S3Proxy then serves the files without
+    an ETag, which S3A's reader refuses (delta-rs does not mind)."""
+    storage = server.settings()
+    endpoint = urlsplit(storage.endpoint_url)
+    s3 = pafs.S3FileSystem(
+        access_key=storage.access_key_id,
+        secret_key=storage.secret_access_key,
+        region=storage.region,
+        endpoint_override=endpoint.netloc,
+        scheme=endpoint.scheme,
+    )
+    pafs.copy_files(
+        str(folder),
+        f"{BUCKET}/{key}",
+        source_filesystem=pafs.LocalFileSystem(),
+        destination_filesystem=s3,
+    )
+
+
+def check_queue_health(notebook: NotebookNode, produced: Produced) -> None:
+    """What `queue_health` must show of the run's tables, wherever they are."""
     statuses = column(table(notebook, "statuses"), "status", "jobs")
     assert statuses == {
         status: str(count) for status, count in Counter(EXPECTED_STATUS.values()).items()

@@ -11,7 +11,9 @@ The rules: every parameter is a widget with the cell's default, read back typed 
 default (a flag only from true/false, so a typo cannot turn a dry run into a real one); a
 running session is used as it is (no configuration, no log level, no project settings, no
 local jars) and never stopped; only a session the notebook made is stopped; the warehouse is
-a URI or a path joined as text (pathlib turns `s3://b` into `s3:/b`). The headless runs of
+a URI or a path joined as text (pathlib turns `s3://b` into `s3:/b`). A session the notebook
+makes is built from settings whose warehouse is the notebook's, so an `s3://` warehouse gets
+S3A with the settings' storage endpoint and keys. The headless runs of
 tests/integration/notebooks cover the other side: no session, the notebook makes its own.
 """
 
@@ -30,7 +32,9 @@ from pyspark.sql import SparkSession
 
 import dispatch.settings
 import streaming.session
+from dispatch.settings import Settings
 from notebooks.run import PARAMETERS_TAG, parameter_names, read_notebook
+from streaming.session import S3A_FILESYSTEM, spark_config
 from streaming.tables import SCHEMAS
 
 NOTEBOOKS = Path(__file__).resolve().parents[3] / "notebooks"
@@ -40,6 +44,9 @@ SETUP_TAG = "setup"
 TEARDOWN_TAG = "teardown"
 
 Namespace = dict[str, Any]
+
+LOAD_SETTINGS = dispatch.settings.load_settings
+"""The real one: the `forbidden` fixture replaces it, a test may call it through a spy."""
 
 
 # --- fakes of what Databricks provides ------------------------------------------------------
@@ -329,6 +336,60 @@ def test_without_a_session_the_notebook_makes_its_own_and_stops_it(
     assert made == [own] and namespace["owns_spark"] is True
     run_cell(name, TEARDOWN_TAG, namespace)
     assert own.touched[-1] == "stop"
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("warehouse", [WAREHOUSE + "/", "/data/tables"])
+def test_its_own_session_reaches_the_store_the_warehouse_names(
+    name: str, warehouse: str, forbidden: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Headless, with an s3:// warehouse while the settings' own is a local folder: the session
+    # the notebook makes must have S3A for it, with the endpoint and keys of the settings'
+    # [storage] (here DISPATCH_STORAGE__* variables, as a user would set them). A folder
+    # needs no S3A.
+    active_session(monkeypatch, None)
+    monkeypatch.delenv("DISPATCH_CONFIG")
+    monkeypatch.setenv("DISPATCH_PATHS__WAREHOUSE", "/data/var/delta")
+    storage = {
+        "ENDPOINT_URL": "http://127.0.0.1:9000",
+        "REGION": "us-east-1",
+        "ACCESS_KEY_ID": "notebook-key",
+        "SECRET_ACCESS_KEY": "notebook-secret",
+    }
+    for key, value in storage.items():
+        monkeypatch.setenv(f"DISPATCH_STORAGE__{key}", value)
+    loaded: list[dict[str, Any]] = []
+    configs: list[dict[str, str]] = []
+
+    def load_settings(profile: str | None = None, **overrides: Any) -> Settings:
+        loaded.append(overrides)
+        return LOAD_SETTINGS(profile, **overrides)
+
+    def factory(given: Settings, app_name: str) -> FakeSession:
+        # What the real factory would configure; no AWS_* variables of the test's own.
+        configs.append(spark_config(given, jars=[], environ={}))
+        return FakeSession()
+
+    monkeypatch.setattr(dispatch.settings, "load_settings", load_settings)
+    monkeypatch.setattr(streaming.session, "spark_session", factory)
+    namespace: Namespace = {}
+    run_cell(name, PARAMETERS_TAG, namespace)
+    namespace["warehouse"] = warehouse
+    set_up(name, namespace)
+
+    assert loaded == [{"paths": {"warehouse": warehouse}}]
+    [config] = configs
+    hadoop = {key: value for key, value in config.items() if key.startswith("spark.hadoop.")}
+    if warehouse.startswith("s3://"):
+        assert hadoop["spark.hadoop.fs.s3.impl"] == S3A_FILESYSTEM
+        assert hadoop["spark.hadoop.fs.s3a.endpoint"] == storage["ENDPOINT_URL"]
+        assert hadoop["spark.hadoop.fs.s3a.access.key"] == storage["ACCESS_KEY_ID"]
+        assert hadoop["spark.hadoop.fs.s3a.secret.key"] == storage["SECRET_ACCESS_KEY"]
+    else:
+        assert hadoop == {}
+    # The tables are read where the parameter says, not where the settings' warehouse is.
+    location = warehouse.rstrip("/")
+    assert namespace["spark"].loaded == [f"{location}/{table}" for table in SCHEMAS]
 
 
 # --- the code, read ---------------------------------------------------------------------------

@@ -37,6 +37,9 @@ DELIVERY_TIMEOUT_MS = 30_000
 election of the partition) before its request is answered 503: about the SDK's request
 timeout, after which it retries with the same id anyway (the dedup check answers a repeat)."""
 
+METADATA_RETRY_BACKOFF_MAX_MS = 200
+"""The longest wait between two metadata refreshes while a partition has no known leader."""
+
 POLL_S = 0.1
 """The delivery-report thread's wait; a report wakes it at once, so this only bounds close."""
 
@@ -105,6 +108,12 @@ class SubmitProducer:
                 "message.timeout.ms": delivery_timeout_ms,
                 "reconnect.backoff.ms": 50,
                 "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
+                # After a partition's leader dies, librdkafka refreshes the metadata at this
+                # backoff until the new leader shows (its default grows to 1 s): the new leader
+                # is known ~2 s after a kill -9 (the brokers' session timeout), and the first
+                # acknowledged write came 1-3 s later at the default, ~1 s at 200 ms
+                # (BENCHMARKS.md, *One broker of three killed*).
+                "retry.backoff.max.ms": METADATA_RETRY_BACKOFF_MAX_MS,
                 "error_cb": _log_error,
                 # librdkafka's own log lines (a refused connection each time a broker is
                 # down) through this logger, served by `poll`, not written to stderr.

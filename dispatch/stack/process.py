@@ -76,6 +76,7 @@ class ManagedProcess:
     def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> ProcessRecord:
         if (running := self.record()) is not None:
             raise ProcessError(f"{self.name} is already running (pid {running.pid})")
+        self._reap_previous()
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
@@ -133,6 +134,20 @@ class ManagedProcess:
         # A child we started stays a zombie until waited for.
         if self._child is not None:
             self._child.poll()
+
+    def _reap_previous(self, timeout_s: float = 10.0) -> None:
+        """Wait for the child this object started before, which no longer runs (a kill -9 can
+        leave /proc unreadable while the process is still exiting, before it is a zombie):
+        replaced unreaped, Python would warn at collection that it is "still running"."""
+        previous = self._child
+        if previous is None or previous.poll() is not None:
+            return
+        try:
+            previous.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired as error:
+            raise ProcessError(
+                f"{self.name}: the previous process (pid {previous.pid}) has not exited"
+            ) from error
 
     def log_tail(self, lines: int = 20) -> str:
         try:

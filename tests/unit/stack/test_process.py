@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +89,21 @@ def test_an_unreadable_pid_file_is_an_error_naming_it(tmp_path: Path) -> None:
     process.pid_file.write_text("not json")
     with pytest.raises(ProcessError, match=r"broker\.pid"):
         process.record()
+
+
+def test_a_start_right_after_a_kill_reaps_the_killed_process(tmp_path: Path) -> None:
+    # The chaos run's fold restart: kill -9, then start again as soon as the pid no longer
+    # runs. The killed child must be waited for, not dropped (Python warns it "is still
+    # running" when such a Popen is collected, and the zombie stays).
+    process = ManagedProcess("sleeper", tmp_path, tmp_path / "sleeper.log")
+    first = process.start(SLEEPER)
+    killed = process._child
+    os.kill(first.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while is_running(first.pid, first.ticks) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.start(SLEEPER)
+    try:
+        assert killed is not None and killed.returncode == -signal.SIGKILL
+    finally:
+        assert process.stop(timeout_s=5)

@@ -15,6 +15,7 @@ stray environment variable cannot switch a process to the unsafe rename.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import re
@@ -196,8 +197,18 @@ def _filesystem(location: str, options: Mapping[str, str]) -> tuple[Any, str]:
     if scheme(location) not in S3_SCHEMES:
         filesystem, path = pafs.FileSystem.from_uri(location)
         return filesystem, path
+    return _s3_filesystem(tuple(sorted(options.items()))), str(location).split("://", 1)[1]
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_filesystem(option_items: tuple[tuple[str, str], ...]) -> Any:
+    """One S3 client per set of options: the fold reads the checkpoint's offset log every
+    batch, and a new client each time would redo its setup (and connections) per batch."""
+    import pyarrow.fs as pafs
+
+    options = dict(option_items)
     endpoint = urlsplit(options.get("aws_endpoint", ""))
-    s3 = pafs.S3FileSystem(
+    return pafs.S3FileSystem(
         access_key=options.get("aws_access_key_id"),
         secret_key=options.get("aws_secret_access_key"),
         session_token=options.get("aws_session_token"),
@@ -208,7 +219,6 @@ def _filesystem(location: str, options: Mapping[str, str]) -> tuple[Any, str]:
         connect_timeout=_seconds(options.get("connect_timeout")),
         request_timeout=_seconds(options.get("timeout")),
     )
-    return s3, str(location).split("://", 1)[1]
 
 
 def _seconds(text: str | None) -> float | None:

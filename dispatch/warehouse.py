@@ -35,9 +35,8 @@ class Warehouse:
     def at(cls, location: str | Path, storage_settings: StorageSettings | None = None) -> Warehouse:
         """The warehouse at `location`; `storage_settings` for an object store (else the AWS
         environment variables alone)."""
-        text = storage.normalize(location)
-        options = storage.storage_options(storage_settings or StorageSettings(), text)
-        return cls(text, options)
+        found = storage.Location.at(location, storage_settings)
+        return cls(found.uri, found.options)
 
     @property
     def is_local(self) -> bool:

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import KafkaError, KafkaTimeoutError
+from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from kafka.net.compat import KafkaNetClient
 from kafka.structs import OffsetAndMetadata
 
 from dispatch.event_records import EventBatch, decode_batch
@@ -76,6 +77,28 @@ def check_durable(sends: Sequence[Any], *, began_as: Any, ended_as: Any) -> None
     for sent in sends:
         if not sent.succeeded():
             raise KafkaError(f"a record of the transaction was not written: {sent.exception!r}")
+
+
+class CoordinatorRetryingClient(KafkaNetClient):  # type: ignore[misc]
+    """The event log producer's network client (kafka-python's `kafka_client` option): says
+    "not ready" for a node it cannot connect to, where kafka-python's own client raises.
+
+    kafka-python 3.0.12's sender asks whether the coordinator is ready before it sends a
+    transactional request, and treats "not ready" as "look the coordinator up again and retry
+    the request"; but on the exception its own client raises for a node it cannot connect to,
+    the sender looks the coordinator up and forgets the request. When the broker coordinating
+    the leader's transactions was killed, the open transaction's AddPartitionsToTxn was
+    forgotten: its records waited for a partition never added, the commit for the records,
+    and the term ended at the commit's deadline (5 s), with a rebuild after it. Answering
+    "not ready" keeps the request queued behind the coordinator's lookup, which the cluster
+    answers with a live broker once the dead one's session expired (~2 s): the transaction
+    goes on in the same term."""
+
+    def await_ready(self, node_id: Any, timeout_ms: int = 30_000) -> bool:
+        try:
+            return bool(super().await_ready(node_id, timeout_ms=timeout_ms))
+        except KafkaConnectionError:
+            return False
 
 
 def submit_group_id(group: str) -> str:
@@ -209,6 +232,7 @@ class EventLog:
             bootstrap_servers=kafka.bootstrap,
             client_id=client_id,
             transactional_id=transactional_id(group),
+            kafka_client=CoordinatorRetryingClient,
             acks="all",
             enable_idempotence=True,
             linger_ms=0,

@@ -245,6 +245,14 @@ def _partition_leader(settings: Settings, topic: str) -> int:
     return int(described["partitions"][0]["leader_id"])
 
 
+def _leader_if_answered(settings: Settings, topic: str) -> int | None:
+    """The partition's leader, or None while the admin's broker was the one just killed."""
+    try:
+        return _partition_leader(settings, topic)
+    except KafkaError:
+        return None
+
+
 def test_kill_9_of_a_partition_leader_loses_nothing_acknowledged(
     healthy: Settings, cluster: Cluster
 ) -> None:
@@ -289,3 +297,30 @@ def test_kill_9_of_a_partition_leader_loses_nothing_acknowledged(
     assert acked_submits <= _read_committed(healthy, healthy.kafka.submit_topic, keys=True)
     committed = {record_id for record_id, _at in commit.acked}
     assert committed <= _read_committed(healthy, healthy.kafka.events_topic, keys=False)
+
+
+def test_the_event_log_outlives_the_death_of_its_transaction_coordinator(
+    healthy: Settings, cluster: Cluster
+) -> None:
+    """The leader's producer goes on in the same term (no new `init_transactions`, no
+    rebuild) once the cluster moved the coordinator: kafka-python on its own forgot the
+    transaction's first request and the commit timed out (`CoordinatorRetryingClient`)."""
+    log = EventLog(healthy.kafka, "coordinator", client_id="test-coordinator-kill")
+    try:
+        log.commit([b"before"], [])
+        # One partition of transaction state: its leader coordinates every transaction.
+        coordinator = _partition_leader(healthy, TRANSACTION_STATE)
+        record = cluster.kafka.nodes[coordinator - 1].running()
+        assert record is not None
+        os.kill(record.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while _leader_if_answered(healthy, TRANSACTION_STATE) in (coordinator, -1, None):
+            assert time.monotonic() < deadline, "the transaction state never got a new leader"
+            time.sleep(0.1)
+        log.commit([b"after"], [])
+        log.commit([b"and on"], [])
+    finally:
+        log.close()
+    assert {b"before", b"after", b"and on"} <= {
+        record.value for record in read_topic(healthy, healthy.kafka.events_topic, 30.0)
+    }

@@ -361,6 +361,9 @@ class EventsReader:
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
         self._consumer.close()
 
     def replay(

@@ -17,7 +17,7 @@ from api.metrics import Metrics
 from dispatch.settings import Settings
 
 if TYPE_CHECKING:
-    from streaming.lag import LagProbe
+    from api.leader_io import LagSource, NodeIO
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +25,11 @@ REFRESH_EVERY_S = 5.0
 
 
 class LagGauges:
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, io: NodeIO) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._probe: LagProbe | None = None
+        self.io = io
+        self._probe: LagSource | None = None
         self._measured_at = float("-inf")
         self._lock = asyncio.Lock()
 
@@ -46,10 +47,12 @@ class LagGauges:
 
     def _measure(self) -> None:
         from dispatch.warehouse import Warehouse
-        from streaming.lag import LagProbe, last_batch_age_s  # kafka-python + delta-rs
+        from streaming.lag import last_batch_age_s  # delta-rs
 
         if self._probe is None:
-            self._probe = LagProbe(self.settings, client_id="dispatch-api-lag")
+            self._probe = self.io.open_lag_source("dispatch-api-lag")
+            if self._probe is None:
+                return  # no fold reads this log (an in-memory one)
         for topic, records in self._probe.measure().items():
             self.metrics.streaming_lag.labels(topic).set(records)
         age = last_batch_age_s(Warehouse.of(self.settings))

@@ -38,13 +38,8 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.kafka_log import (
-    KAFKA_CALL_DEADLINE_S,
-    EventLog,
-    EventsReader,
-    SnapshotBehindLog,
-    SubmitReader,
-)
+from api.kafka_log import KAFKA_CALL_DEADLINE_S, SnapshotBehindLog
+from api.leader_io import KafkaLeaderIO, LeaderIO, LogReader, SubmitSource, TransactionalLog
 from api.metrics import Metrics
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.dispatcher import Dispatcher
@@ -226,8 +221,10 @@ class Leader:
         *,
         epoch_for: EpochFor,
         serving_until: Callable[[], float],
+        io: LeaderIO | None = None,
     ) -> None:
         self.settings = settings
+        self.io: LeaderIO = io if io is not None else KafkaLeaderIO(settings)
         self.epoch_for = epoch_for
         self.serving_until = serving_until
         self.metrics = metrics
@@ -240,8 +237,8 @@ class Leader:
         """The commands of the iteration under way (answered by `stop` if the loop is stuck)."""
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._log: EventLog | None = None
-        self._reader: SubmitReader | None = None
+        self._log: TransactionalLog | None = None
+        self._reader: SubmitSource | None = None
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.rebuild_s: float | None = None
@@ -267,14 +264,13 @@ class Leader:
     def start(self) -> None:
         """Fence the previous leader, rebuild, open for traffic (blocking)."""
         started = time.monotonic()
-        kafka = self.settings.kafka
         client_id = f"dispatch-{self.node_id}"
-        self._log = EventLog(kafka, self.group, client_id=client_id)
+        # Opening the log fences the previous leader and aborts its open transaction, so
+        # what the replay reads next is everything it ever committed.
+        self._log = self.io.open_log(self.group, client_id)
         with collector_paused():
             self._rebuild(client_id)
-        self._reader = SubmitReader(
-            kafka, self.group, client_id=client_id, position=self.submit_position
-        )
+        self._reader = self.io.open_submit_source(self.group, client_id, self.submit_position)
         now = time.time()
         # How long no leader served: since the log's last decision. A leader with connected
         # workers writes a decision at least every `worker_expiry_s / 3` (their heartbeats),
@@ -303,14 +299,11 @@ class Leader:
 
     def _rebuild(self, client_id: str) -> None:
         """Load the newest Delta snapshot and replay the log after it; or the whole log."""
-        from dispatch.warehouse import Warehouse
-        from streaming.snapshot import latest_snapshot  # delta-rs only, no JVM
-
         settings = self.settings
         config = settings.dispatcher.core_config()
         start: dict[int, int] | None = None
         try:
-            snapshot = latest_snapshot(Warehouse.of(settings), self.group)
+            snapshot = self.io.latest_snapshot(self.group)
         except Exception as error:  # noqa: BLE001  (a broken snapshot must not stop a failover)
             log.warning("leader %s: no usable snapshot (%r): full replay", self.node_id, error)
             snapshot = None
@@ -331,10 +324,13 @@ class Leader:
             self.rebuilt_from = f"snapshot v{snapshot.version} ({len(snapshot.jobs)} jobs)"
         else:
             self.rebuilt_from = "full log (no snapshot yet)"
-        with EventsReader(settings.kafka, client_id=f"{client_id}-replay") as reader:
+        reader = self.io.open_log_reader(f"{client_id}-replay")
+        try:
             self._replay_or_full(reader, start)
+        finally:
+            reader.close()
 
-    def _replay_or_full(self, reader: EventsReader, start: dict[int, int] | None) -> None:
+    def _replay_or_full(self, reader: LogReader, start: dict[int, int] | None) -> None:
         """Replay the log after the snapshot's offsets (or all of it), and find where reading
         submissions goes on.
 
@@ -361,7 +357,7 @@ class Leader:
             # the log's last record before it.
             self.submit_position = reader.last_submit_position(self.group, before=start)
 
-    def _replay_accepting_gaps(self, reader: EventsReader, start: dict[int, int]) -> dict[int, int]:
+    def _replay_accepting_gaps(self, reader: LogReader, start: dict[int, int]) -> dict[int, int]:
         """Replay from `start`, moving every partition the log trimmed to the log's start
         (an operator accepted the loss); returns where the replay started."""
         while True:
@@ -371,7 +367,7 @@ class Leader:
             except SnapshotBehindLog as gap:
                 start = {**start, gap.partition: gap.log_start}
 
-    def _replay(self, reader: EventsReader, start: dict[int, int] | None) -> None:
+    def _replay(self, reader: LogReader, start: dict[int, int] | None) -> None:
         core = self.core
         for batch in reader.replay(start, complete=True):
             if batch.group == self.group:

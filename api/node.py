@@ -37,8 +37,8 @@ from api.leader import (
     LogGap,
     preload_rebuild_modules,
 )
+from api.leader_io import KafkaLeaderIO, NodeIO, SubmitSink
 from api.metrics import Metrics
-from api.submit_producer import SubmitProducer
 from dispatch.core.commands import SubmitRequest
 from dispatch.settings import Settings
 
@@ -54,16 +54,19 @@ REFUSED_RETRY_S = 5.0
 
 
 class Node:
-    def __init__(self, settings: Settings, node_id: str, address: str) -> None:
+    def __init__(
+        self, settings: Settings, node_id: str, address: str, *, io: NodeIO | None = None
+    ) -> None:
         self.settings = settings
+        self.io: NodeIO = io if io is not None else KafkaLeaderIO(settings)
         self.node_id = node_id
         self.address = address
         self.metrics = Metrics()
-        self.lag = LagGauges(settings, self.metrics)
+        self.lag = LagGauges(settings, self.metrics, self.io)
         self._leader: Leader | None = None
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
-        self._producer: SubmitProducer | None = None
+        self._producer: SubmitSink | None = None
         self.hub: Hub | None = None
         self.terms = 0
         self.refused: str | None = None
@@ -76,7 +79,7 @@ class Node:
     async def start(self) -> None:
         self.hub = Hub(asyncio.get_running_loop(), self.metrics)
         self._producer = await asyncio.to_thread(
-            SubmitProducer, self.settings.kafka, f"dispatch-{self.node_id}-submit"
+            self.io.open_submit_sink, f"dispatch-{self.node_id}-submit"
         )
         await asyncio.to_thread(preload_rebuild_modules)
         self._supervisor = threading.Thread(
@@ -133,7 +136,7 @@ class Node:
         leader = Leader(
             self.settings, self.node_id, self.hub, self.metrics,
             epoch_for=self.election.epoch_for,
-            serving_until=self.election.serving_until,
+            serving_until=self.election.serving_until, io=self.io,
         )  # fmt: skip
         try:
             leader.start()

@@ -1,5 +1,8 @@
-"""A real API node per test: uvicorn on a free loopback port, in this process, against the
-session's real Kafka broker and the test's own topics."""
+"""A real API node per test: uvicorn on a free loopback port, in this process, electing itself
+through the lease table on disk. Its log is the in-memory twin (`api.memory_log.MemoryLog`)
+for the tests of the API's behaviour (`api_node`), and the session's real Kafka broker with the
+test's own topics for those of what only a broker shows (`broker_api_node`, `start_node` with
+no `io`)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from kafka import KafkaConsumer
 
 from api.app import create_app
 from api.auth import KeyRing, ensure_dev_keys
+from api.leader_io import NodeIO
+from api.memory_log import MemoryLog
 from api.node import Node
 from api.server import uvicorn_config
 from dispatch.settings import Settings
@@ -29,6 +34,8 @@ class RunningNode:
     node: Node
     url: str
     keys: dict[str, str]
+    memory: MemoryLog | None = None
+    """The node's log when it is the in-memory twin (None: the session's broker)."""
 
     def client(self, role: str = "admin", timeout: float = 30.0) -> httpx.Client:
         return httpx.Client(
@@ -48,6 +55,8 @@ class RunningNode:
 
     def submitted_keys(self) -> list[bytes]:
         """Every key in the submit topic, read to its end."""
+        if self.memory is not None:
+            return self.memory.submitted_keys()
         consumer = KafkaConsumer(
             self.settings.kafka.submit_topic,
             bootstrap_servers=self.settings.kafka.bootstrap,
@@ -61,6 +70,11 @@ class RunningNode:
 
     def rejections(self, count: int) -> list[Rejection]:
         """The first `count` rejection records of the rejected topic (committed ones)."""
+        if self.memory is not None:
+            deadline = time.monotonic() + 20
+            while len(self.memory.rejected) < count and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return [Rejection.from_record_value(raw) for raw in self.memory.rejected[:count]]
         consumer = KafkaConsumer(
             self.settings.kafka.rejected_topic,
             bootstrap_servers=self.settings.kafka.bootstrap,
@@ -86,19 +100,25 @@ class _ThreadServer(uvicorn.Server):
 
 
 def start_node(
-    settings: Settings, *, log_level: str = "warning", wait_ready: bool = True
+    settings: Settings,
+    *,
+    log_level: str = "warning",
+    wait_ready: bool = True,
+    io: NodeIO | None = None,
 ) -> tuple[RunningNode, _ThreadServer, threading.Thread]:
-    """A node in this process, run as `dispatch serve` runs it; returned once `/readyz` is
-    200 (it leads), or, without `wait_ready`, once it answers at all (a follower)."""
+    """A node in this process, run as `dispatch serve` runs it, on `io` (default: Kafka);
+    returned once `/readyz` is 200 (it leads), or, without `wait_ready`, once it answers at
+    all (a follower)."""
     port = free_port()
     keys = ensure_dev_keys(settings.auth)
-    node = Node(settings, f"test-{port}", f"http://127.0.0.1:{port}")
+    node = Node(settings, f"test-{port}", f"http://127.0.0.1:{port}", io=io)
     app = create_app(settings, node, KeyRing.load(settings.auth.keys_file))
     # The production limits (header and WebSocket message sizes, log scrubbing).
     server = _ThreadServer(uvicorn_config(app, settings, "127.0.0.1", port, log_level=log_level))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
-    running = RunningNode(settings, node, f"http://127.0.0.1:{port}", keys)
+    memory = io if isinstance(io, MemoryLog) else None
+    running = RunningNode(settings, node, f"http://127.0.0.1:{port}", keys, memory)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -139,18 +159,35 @@ def short_timeouts(topics: Settings) -> Settings:
 
 
 @pytest.fixture
-def api_settings(topics: Settings) -> Settings:
+def api_settings(settings: Settings) -> Settings:
+    """The test's settings with short timeouts (no topics: for a node on the in-memory log)."""
+    return short_timeouts(settings)
+
+
+@pytest.fixture
+def broker_api_settings(topics: Settings) -> Settings:
+    """The test's settings with short timeouts and its own topics in the session's broker."""
     return short_timeouts(topics)
 
 
 @pytest.fixture
 def api_node(api_settings: Settings) -> Iterator[RunningNode]:
-    running, server, thread = start_node(api_settings)
+    """A leading node whose log is the in-memory twin."""
+    running, server, thread = start_node(api_settings, io=MemoryLog(api_settings))
     try:
         yield running
     finally:
-        server.should_exit = True
-        thread.join(30)
+        stop_node(server, thread)
+
+
+@pytest.fixture
+def broker_api_node(broker_api_settings: Settings) -> Iterator[RunningNode]:
+    """A leading node on the session's Kafka broker."""
+    running, server, thread = start_node(broker_api_settings)
+    try:
+        yield running
+    finally:
+        stop_node(server, thread)
 
 
 def poll(

@@ -56,8 +56,8 @@ class Pair:
 
 
 @pytest.fixture
-def pair(api_settings: Settings, tmp_path: Path) -> Iterator[Pair]:
-    nodes = Pair(api_settings, tmp_path)
+def pair(broker_api_settings: Settings, tmp_path: Path) -> Iterator[Pair]:
+    nodes = Pair(broker_api_settings, tmp_path)
     try:
         yield nodes
     finally:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from api.memory_log import MemoryLog
 from dispatch.settings import Settings
 from tests.integration.api.conftest import RunningNode, start_node, stop_node
 
@@ -41,9 +42,13 @@ def test_an_oversized_chunked_body_is_refused_with_413(api_node: RunningNode) ->
 
 @pytest.fixture
 def leader_and_follower(api_settings: Settings) -> Iterator[tuple[RunningNode, RunningNode]]:
-    leader, leader_server, leader_thread = start_node(api_settings)
+    # Two nodes of one group share one log.
+    shared_log = MemoryLog(api_settings)
+    leader, leader_server, leader_thread = start_node(api_settings, io=shared_log)
     try:
-        follower, follower_server, follower_thread = start_node(api_settings, wait_ready=False)
+        follower, follower_server, follower_thread = start_node(
+            api_settings, wait_ready=False, io=shared_log
+        )
         try:
             deadline = time.monotonic() + 30
             while httpx.get(f"{follower.url}/readyz").json().get("leader") != leader.url:

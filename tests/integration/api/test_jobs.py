@@ -56,8 +56,8 @@ def test_a_job_flows_from_submit_to_worker_and_back(api_node: RunningNode) -> No
         assert "lease" not in job
 
 
-def test_a_raw_kafka_producer_submission_runs_like_a_rest_one(api_node: RunningNode) -> None:
-    kafka = api_node.settings.kafka
+def test_a_raw_kafka_producer_submission_runs_like_a_rest_one(broker_api_node: RunningNode) -> None:
+    kafka = broker_api_node.settings.kafka
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
     producer.send(
         kafka.submit_topic,
@@ -65,7 +65,7 @@ def test_a_raw_kafka_producer_submission_runs_like_a_rest_one(api_node: RunningN
         value=json.dumps({"id": "raw-1", "exec": "report.build", "payload": [1, 2]}).encode(),
     ).get(timeout=30)
     producer.close()
-    with api_node.client("admin") as admin, api_node.client("worker") as worker:
+    with broker_api_node.client("admin") as admin, broker_api_node.client("worker") as worker:
         [assignment] = poll_until(worker, "w1", ["job.assign.report.>"], 1)
         assert (assignment["id"], assignment["payload"]) == ("raw-1", [1, 2])
         ack(worker, assignment, result="done")
@@ -74,9 +74,9 @@ def test_a_raw_kafka_producer_submission_runs_like_a_rest_one(api_node: RunningN
 
 
 def test_malformed_records_land_in_the_rejected_topic_and_the_rest_go_on(
-    api_node: RunningNode,
+    broker_api_node: RunningNode,
 ) -> None:
-    kafka = api_node.settings.kafka
+    kafka = broker_api_node.settings.kafka
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
     bad = [b"{not json", json.dumps({"id": "x", "payload": 1}).encode()]
     for value in bad:
@@ -85,14 +85,14 @@ def test_malformed_records_land_in_the_rejected_topic_and_the_rest_go_on(
     producer.send(kafka.submit_topic, key=b"good-1", value=good).get(timeout=30)
     producer.close()
 
-    rejections = api_node.rejections(len(bad))
+    rejections = broker_api_node.rejections(len(bad))
     assert sorted(rejection.value for rejection in rejections if rejection.value) == sorted(bad)
     reasons = " | ".join(rejection.reason for rejection in rejections)
     assert "not JSON" in reasons
     assert "exec" in reasons
-    with api_node.client("admin") as admin:
+    with broker_api_node.client("admin") as admin:
         assert admin.get("/v1/jobs/good-1", params={"wait": 0}).status_code in (200, 404)
-    api_node.wait_known("good-1")  # the good record after the bad ones
+    broker_api_node.wait_known("good-1")  # the good record after the bad ones
 
 
 def test_a_duplicate_submission_yields_one_job(api_node: RunningNode) -> None:
@@ -267,8 +267,10 @@ def test_a_batch_with_an_id_taken_by_another_client_writes_none_of_its_jobs(
             assert admin.get(f"/v1/jobs/{job_id}").status_code == 404
 
 
-def test_poison_records_are_rejected_and_the_leader_keeps_working(api_node: RunningNode) -> None:
-    kafka = api_node.settings.kafka
+def test_poison_records_are_rejected_and_the_leader_keeps_working(
+    broker_api_node: RunningNode,
+) -> None:
+    kafka = broker_api_node.settings.kafka
     deep = b"[" * 50_000 + b"]" * 50_000
     poison = {
         b"deep": b'{"id":"deep","exec":"a.b","payload":' + deep + b"}",
@@ -285,7 +287,7 @@ def test_poison_records_are_rejected_and_the_leader_keeps_working(api_node: Runn
     producer.close()
 
     reasons: dict[bytes, str] = {}
-    for rejection in api_node.rejections(len(poison)):
+    for rejection in broker_api_node.rejections(len(poison)):
         assert rejection.key is not None
         reasons[rejection.key] = rejection.reason
     assert reasons == {
@@ -296,5 +298,5 @@ def test_poison_records_are_rejected_and_the_leader_keeps_working(api_node: Runn
         b"d300": "payload: nested deeper than 32 levels",
     }
     assert reasons[b"a/b"].startswith("id: expected 1 to 128 of A-Z a-z 0-9")
-    api_node.wait_known("after")  # the good record after the poison
-    assert api_node.node.terms == 1, "a poison record ended the leader's term"
+    broker_api_node.wait_known("after")  # the good record after the poison
+    assert broker_api_node.node.terms == 1, "a poison record ended the leader's term"

@@ -20,17 +20,17 @@ def gauge(text: str, name: str, labels: str = "") -> float | None:
 
 
 def test_metrics_show_what_the_delta_tables_lack(
-    api_node: RunningNode, monkeypatch: pytest.MonkeyPatch
+    broker_api_node: RunningNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Measure at every scrape here (the node caches the figure for REFRESH_EVERY_S).
     monkeypatch.setattr(lag_metrics, "REFRESH_EVERY_S", 0.0)
-    kafka = api_node.settings.kafka
-    with api_node.client("client") as client:
+    kafka = broker_api_node.settings.kafka
+    with broker_api_node.client("client") as client:
         jobs = [{"id": f"lag-{n}", "exec": "lag.test"} for n in range(3)]
         assert client.post("/v1/jobs:batch", json={"jobs": jobs}).status_code == 202
     submit_label = f'{{topic="{kafka.submit_topic}"}}'
     deadline = time.monotonic() + 20
-    with api_node.client() as admin:
+    with broker_api_node.client() as admin:
         while True:
             text = admin.get("/metrics").text
             submitted = gauge(text, "dispatch_streaming_lag_records", submit_label)

@@ -29,9 +29,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def service(api_settings: Settings, tmp_path: Path) -> Iterator[ServiceProcess]:
-    ensure_dev_keys(api_settings.auth)
-    process = ServiceProcess(api_settings, free_port(), tmp_path / "service.log")
+def service(broker_api_settings: Settings, tmp_path: Path) -> Iterator[ServiceProcess]:
+    ensure_dev_keys(broker_api_settings.auth)
+    process = ServiceProcess(broker_api_settings, free_port(), tmp_path / "service.log")
     try:
         yield process
     finally:
@@ -91,15 +91,15 @@ def rejections_in(settings: Settings) -> int:
 
 
 def test_a_new_leader_reads_on_where_the_log_says_though_the_group_offsets_lag(
-    api_settings: Settings, monkeypatch: pytest.MonkeyPatch
+    broker_api_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The group's offsets are sent with the first commit of a term and not again.
     monkeypatch.setattr(api.leader, "GROUP_OFFSETS_EVERY_S", 3600.0)
-    kafka = api_settings.kafka
+    kafka = broker_api_settings.kafka
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
     try:
         for term, job_id in enumerate(["first", "second"]):
-            running, server, thread = start_node(api_settings)
+            running, server, thread = start_node(broker_api_settings)
             try:
                 if term == 0:
                     producer.send(kafka.submit_topic, key=b"bad", value=b"{not json").get(30)
@@ -113,7 +113,7 @@ def test_a_new_leader_reads_on_where_the_log_says_though_the_group_offsets_lag(
         producer.close()
     # The second leader started after the bad record's rejection, with the group's offsets
     # from before it: reading from those would have rejected it again.
-    assert rejections_in(api_settings) == 1
+    assert rejections_in(broker_api_settings) == 1
     enqueued = [
         event.job_id
         for batch in replay_events(kafka, client_id="check")
@@ -124,12 +124,12 @@ def test_a_new_leader_reads_on_where_the_log_says_though_the_group_offsets_lag(
 
 
 def test_a_poison_events_record_is_skipped_by_the_rebuild_and_the_leader_serves(
-    api_settings: Settings,
+    broker_api_settings: Settings,
 ) -> None:
     # Only leaders may write dispatch.events; a producer that bypassed the topic's ACLs must
     # still not keep every node from leading (the streaming fold skips the same records).
-    kafka = api_settings.kafka
-    group = api_settings.dispatcher.group
+    kafka = broker_api_settings.kafka
+    group = broker_api_settings.dispatcher.group
     forged = Completed(
         epoch=1, at=time.time(), job_id="never-submitted", worker_id="w", attempt=1, lease="1.x"
     )
@@ -140,7 +140,7 @@ def test_a_poison_events_record_is_skipped_by_the_rebuild_and_the_leader_serves(
             producer.send(kafka.events_topic, key=group.encode(), value=record).get(30)
     finally:
         producer.close()
-    running, server, thread = start_node(api_settings)
+    running, server, thread = start_node(broker_api_settings)
     try:
         leader = running.node.leader()
         assert leader.skipped_events == 1

@@ -15,6 +15,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from api.memory_log import MemoryLog
 from api.server import MAX_HEADER_BYTES, ws_max_size
 from dispatch.settings import Settings
 from tests.integration.api.conftest import RunningNode, start_node, stop_node
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def served(api_settings: Settings) -> Iterator[RunningNode]:
     # Access logs at info, as `dispatch serve` writes them (the key-scrubbing test reads them).
-    running, server, thread = start_node(api_settings, log_level="info")
+    running, server, thread = start_node(api_settings, log_level="info", io=MemoryLog(api_settings))
     try:
         yield running
     finally:

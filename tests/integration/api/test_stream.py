@@ -12,6 +12,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from api.memory_log import MemoryLog
 from tests.integration.api.conftest import RunningNode, poll_until, start_node
 
 pytestmark = pytest.mark.integration
@@ -222,7 +223,7 @@ def _keys_with_another_worker(settings: Any) -> str:
 @pytest.fixture
 def two_worker_keys(api_settings: Any) -> Iterator[tuple[RunningNode, str]]:
     other = _keys_with_another_worker(api_settings)
-    running, server, thread = start_node(api_settings)
+    running, server, thread = start_node(api_settings, io=MemoryLog(api_settings))
     try:
         yield running, other
     finally:

@@ -11,6 +11,7 @@ from collections import Counter
 import httpx
 import pytest
 
+from api.memory_log import MemoryLog
 from dispatch.settings import Settings
 from tests.integration.api.conftest import RunningNode, poll, poll_until, start_node
 
@@ -74,7 +75,7 @@ def test_a_worker_that_stops_polling_is_lost_and_its_jobs_complete_elsewhere(
             )
         }
     )
-    running, server, thread = start_node(settings)
+    running, server, thread = start_node(settings, io=MemoryLog(settings))
     try:
         with running.client("admin") as admin, running.client("worker") as worker:
             admin.post(
@@ -110,7 +111,7 @@ def test_per_client_caps_hold_while_other_clients_go_on(api_settings: Settings) 
             )
         }
     )
-    running, server, thread = start_node(settings)
+    running, server, thread = start_node(settings, io=MemoryLog(settings))
     try:
         with running.client("admin") as admin, running.client("worker") as worker:
             jobs = [{"id": f"g{n}", "exec": "work.x", "client_id": "greedy"} for n in range(20)]

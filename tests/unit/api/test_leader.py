@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-import api.leader
-import streaming.snapshot
 from api.kafka_log import SnapshotBehindLog
 from api.leader import (
     ACCEPT_LOG_GAP,
@@ -57,10 +55,10 @@ class Silent:
         pass
 
 
-def new_leader(settings: Settings) -> Leader:
+def new_leader(settings: Settings, io: Any = None) -> Leader:
     return Leader(
         settings, "n1", Silent(), Metrics(),
-        epoch_for=lambda epoch: epoch + 1, serving_until=lambda: math.inf,
+        epoch_for=lambda epoch: epoch + 1, serving_until=lambda: math.inf, io=io,
     )  # fmt: skip
 
 
@@ -141,20 +139,14 @@ class Log:
             committed_at=T0,
         )
 
-    def reader(self, trimmed: bool = False) -> Any:
-        """An `EventsReader` over these batches (raising SnapshotBehindLog from a snapshot's
-        offsets if `trimmed`)."""
+    def io(self, snapshot: Snapshot | None, trimmed: bool = False) -> Any:
+        """The term's seams (`api.leader_io.LeaderIO`): `snapshot`, and a reader over these
+        batches (raising SnapshotBehindLog from a snapshot's offsets if `trimmed`)."""
         log = self
         group = self.settings.dispatcher.group
 
         class Reader:
-            def __init__(self, kafka: Any, *, client_id: str) -> None:
-                pass
-
-            def __enter__(self) -> Reader:
-                return self
-
-            def __exit__(self, *_exc: object) -> None:
+            def close(self) -> None:
                 return None
 
             def replay(
@@ -176,7 +168,14 @@ class Log:
                 carried = [position for _, position in log.batches[: before[0]]]
                 return carried[-1] if carried and wanted == group else None
 
-        return Reader
+        class IO:
+            def open_log_reader(self, client_id: str) -> Reader:
+                return Reader()
+
+            def latest_snapshot(self, wanted: str) -> Snapshot | None:
+                return snapshot if wanted == group else None
+
+        return IO()
 
 
 def submitted(log: Log, *ids: str, now: float) -> None:
@@ -203,9 +202,9 @@ def jobs_of(core: Dispatcher) -> dict[str, dict[str, Any]]:
 
 
 def rebuilt(
-    monkeypatch: pytest.MonkeyPatch,
     *,
     trimmed: bool,
+    accept_gap: bool = False,
     snapshot_at_end: bool = False,
     deposed_tail: bool = False,
     log_start: int = 0,
@@ -213,23 +212,19 @@ def rebuilt(
     """A leader rebuilt from `busy_log`'s snapshot (or one of the whole log, leaving no tail,
     if `snapshot_at_end`) and log (its head removed by retention if `trimmed`, a deposed
     leader's batch at its end if `deposed_tail`); returns it with the log and the snapshot."""
-    settings = load_settings()
+    settings = load_settings(dispatcher={"accept_log_gap": accept_gap})
     log, snapshot = busy_log(settings)
     log.deposed_tail = deposed_tail
     log.log_start = log_start
     if snapshot_at_end:
         snapshot = log.snapshot()
-    monkeypatch.setattr(streaming.snapshot, "latest_snapshot", lambda warehouse, group: snapshot)
-    monkeypatch.setattr(api.leader, "EventsReader", log.reader(trimmed=trimmed))
-    leader = new_leader(settings)
+    leader = new_leader(settings, log.io(snapshot, trimmed=trimmed))
     leader._rebuild("c1")
     return leader, log, snapshot
 
 
-def test_a_rebuild_takes_the_snapshots_records_and_replays_the_tail(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    leader, log, snapshot = rebuilt(monkeypatch, trimmed=False)
+def test_a_rebuild_takes_the_snapshots_records_and_replays_the_tail() -> None:
+    leader, log, snapshot = rebuilt(trimmed=False)
     assert jobs_of(leader.core) == jobs_of(log.core)
     assert leader.core.epoch == 1 and leader.replayed_batches == 2
     assert leader.rebuilt_from == "snapshot v4 (3 jobs)"
@@ -239,33 +234,26 @@ def test_a_rebuild_takes_the_snapshots_records_and_replays_the_tail(
     assert all(leader.core.job_view(job.id) is job for job in snapshot.jobs)
 
 
-def test_a_snapshot_behind_the_logs_retention_is_refused_naming_the_gap(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_snapshot_behind_the_logs_retention_is_refused_naming_the_gap() -> None:
     # The snapshot covers offsets < 3; retention removed everything before offset 4.
     with pytest.raises(LogGap) as refused:
-        rebuilt(monkeypatch, trimmed=True, log_start=4)
+        rebuilt(trimmed=True, log_start=4)
     gap = refused.value.gap
     assert (gap.topic, gap.partition, gap.snapshot_offset, gap.log_start) == ("events", 0, 3, 4)
     assert "events[0] starts at 4, after the snapshot's offset 3" in str(refused.value)
     assert ACCEPT_LOG_GAP in str(refused.value)
 
 
-def test_a_trimmed_log_with_no_snapshot_is_refused_too(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_trimmed_log_with_no_snapshot_is_refused_too() -> None:
     settings = load_settings()
     log, _ = busy_log(settings)
     log.log_start = 2
-    monkeypatch.setattr(streaming.snapshot, "latest_snapshot", lambda warehouse, group: None)
-    monkeypatch.setattr(api.leader, "EventsReader", log.reader(trimmed=True))
     with pytest.raises(LogGap, match="starts at 2, after the snapshot's offset 0"):
-        new_leader(settings)._rebuild("c1")
+        new_leader(settings, log.io(None, trimmed=True))._rebuild("c1")
 
 
-def test_an_operator_may_accept_the_gap_and_the_log_after_it_is_replayed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(api.leader, "accepts_log_gap", lambda settings: True)
-    leader, _, _ = rebuilt(monkeypatch, trimmed=True, log_start=4)
+def test_an_operator_may_accept_the_gap_and_the_log_after_it_is_replayed() -> None:
+    leader, _, _ = rebuilt(trimmed=True, accept_gap=True, log_start=4)
     # The snapshot's jobs and j4 (offset 4, after the gap); the ack at offset 3 is lost.
     assert sorted(jobs_of(leader.core)) == ["j1", "j2", "j3", "j4"]
     assert leader.replayed_batches == 1
@@ -273,17 +261,15 @@ def test_an_operator_may_accept_the_gap_and_the_log_after_it_is_replayed(
     assert leader.submit_position == {0: 4}
 
 
-def test_with_no_tail_after_the_snapshot_the_position_is_the_last_one_before_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    leader, log, _ = rebuilt(monkeypatch, trimmed=False, snapshot_at_end=True)
+def test_with_no_tail_after_the_snapshot_the_position_is_the_last_one_before_it() -> None:
+    leader, log, _ = rebuilt(trimmed=False, snapshot_at_end=True)
     assert leader.replayed_batches == 0
     assert jobs_of(leader.core) == jobs_of(log.core)
     assert leader.submit_position == {0: 4}
 
 
-def test_a_deposed_leaders_batch_moves_no_position(monkeypatch: pytest.MonkeyPatch) -> None:
-    leader, log, _ = rebuilt(monkeypatch, trimmed=False, deposed_tail=True)
+def test_a_deposed_leaders_batch_moves_no_position() -> None:
+    leader, log, _ = rebuilt(trimmed=False, deposed_tail=True)
     assert leader.replayed_batches == 3  # read, and voided by the epoch fence
     assert jobs_of(leader.core) == jobs_of(log.core)
     assert leader.submit_position == {0: 4}
@@ -320,8 +306,13 @@ class EventLogStandIn:
     def __init__(self) -> None:
         self.commits: list[list[bytes]] = []
 
-    def commit(self, records: Sequence[bytes], rejections: Sequence[bytes], offsets: Any) -> None:
-        self.commits.append(list(records))
+    def commit(
+        self,
+        events_records: Sequence[bytes],
+        rejections: Sequence[bytes],
+        group_offsets: Any = None,
+    ) -> None:
+        self.commits.append(list(events_records))
 
     def close(self) -> None:
         pass
@@ -331,8 +322,8 @@ def serving_leader() -> tuple[Leader, Reader]:
     """A leader whose loop can be stepped by hand (`_iterate`), in epoch 1."""
     leader = new_leader(load_settings())
     reader = Reader()
-    leader._reader = reader  # type: ignore[assignment]
-    leader._log = EventLogStandIn()  # type: ignore[assignment]
+    leader._reader = reader
+    leader._log = EventLogStandIn()
     leader.core.begin_epoch(1, T0, holder="n1")
     return leader, reader
 
@@ -390,9 +381,7 @@ def test_commands_taken_by_an_iteration_that_fails_are_answered() -> None:
         waiting.future.result(timeout=0)
 
 
-def test_a_loop_that_stalls_or_whose_broker_is_silent_is_not_working(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_loop_that_stalls_or_whose_broker_is_silent_is_not_working() -> None:
     leader, reader = serving_leader()
     bound = leader.stall_bound_s
     assert bound >= 2 * leader.settings.lease.ttl_s

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dispatch.cli_jobs import register as register_job_commands
+from dispatch.cli_replay import register_replay_command
 from dispatch.settings import ConfigError, Settings, load_settings, profile_name
 from dispatch.stack.jars import JarError
 from dispatch.stack.local import (
@@ -307,6 +308,7 @@ def chaos(context: typer.Context) -> None:
 
 # The job commands (submit, status ID, dlq, worker) live in their own module.
 register_job_commands(app)
+register_replay_command(app)
 
 
 def main() -> None:

@@ -1,0 +1,165 @@
+"""`--set key=value`: the policy a replay runs under, checked against the typed settings.
+
+Keys are the `[dispatcher]` settings (`dispatcher.default_cap=50`, `dispatcher.caps.acme=10`,
+`dispatcher.ack_timeout_s=5`, ...) plus job priorities, which are no setting of the leader but
+a policy a replay can try: `jobs.exec_priority.<exec>=N` and `jobs.client_priority.<client>=N`
+(a client's wins over an exec's). A value is read as JSON when it parses (`10`, `2.5`, `true`,
+`{"a": 1}`), else as text; every value is then validated by the same pydantic models the
+leader's settings use, so a wrong key or value fails with the key named.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from dispatch.core.config import CoreConfig
+from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN
+from dispatch.settings import DispatcherSettings
+
+IGNORED_BY_REPLAY = frozenset({"group", "worker_expiry_s", "dedup_window_s", "accept_log_gap"})
+"""Settings that cannot change a replay (the simulated fleet never goes silent; the group is
+chosen with `--group`): setting one is an error rather than a silent no-op."""
+
+PRIORITY_KEYS = ("exec_priority", "client_priority")
+
+
+class OverrideError(ValueError):
+    """A `--set` that names no setting, or gives it a value it cannot take; the message names
+    the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPolicy:
+    """The settings a replay runs under."""
+
+    dispatcher: DispatcherSettings = field(default_factory=DispatcherSettings)
+    exec_priority: Mapping[str, int] = field(default_factory=dict)
+    client_priority: Mapping[str, int] = field(default_factory=dict)
+
+    def core_config(self) -> CoreConfig:
+        # The simulated workers never go silent: expiry would only lose idle workers.
+        config = self.dispatcher.core_config()
+        return CoreConfig(
+            default_cap=config.default_cap,
+            caps=config.caps,
+            ack_timeout_s=config.ack_timeout_s,
+            backoff_multiplier=config.backoff_multiplier,
+            max_ack_timeout_s=config.max_ack_timeout_s,
+            max_attempts=config.max_attempts,
+            worker_expiry_s=None,
+        )
+
+    def priority_of(self, exec_name: str, client_id: str, recorded: int) -> int:
+        if client_id in self.client_priority:
+            return self.client_priority[client_id]
+        return self.exec_priority.get(exec_name, recorded)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The policy as plain JSON (what a `replays` row records)."""
+        settings = self.dispatcher.model_dump(mode="json", exclude=set(IGNORED_BY_REPLAY))
+        return {
+            "dispatcher": settings,
+            "jobs": {
+                "exec_priority": dict(sorted(self.exec_priority.items())),
+                "client_priority": dict(sorted(self.client_priority.items())),
+            },
+        }
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """`key=value` -> (key, value read as JSON, else as text)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise OverrideError(f"--set {text!r}: expected key=value, e.g. dispatcher.default_cap=50")
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(base: DispatcherSettings, assignments: Sequence[str]) -> ReplayPolicy:
+    """`base` with every `key=value` of `assignments` applied, in order (a later one wins)."""
+    dispatcher: dict[str, Any] = base.model_dump()
+    priorities: dict[str, dict[str, int]] = {name: {} for name in PRIORITY_KEYS}
+    for text in assignments:
+        key, value = parse_assignment(text)
+        section, _, rest = key.partition(".")
+        if section == "dispatcher":
+            _set_dispatcher(dispatcher, key, rest, value)
+        elif section == "jobs":
+            _set_priority(priorities, key, rest, value)
+        else:
+            raise OverrideError(
+                f"--set {key}: unknown setting (a replay takes dispatcher.<setting>, "
+                "jobs.exec_priority.<exec> and jobs.client_priority.<client>)"
+            )
+    try:
+        settings = DispatcherSettings.model_validate(dispatcher)
+    except ValidationError as error:
+        raise OverrideError(_validation_message(error)) from None
+    return ReplayPolicy(settings, priorities["exec_priority"], priorities["client_priority"])
+
+
+def _set_dispatcher(dispatcher: dict[str, Any], key: str, rest: str, value: Any) -> None:
+    name, _, sub = rest.partition(".")
+    if name not in DispatcherSettings.model_fields:
+        known = ", ".join(sorted(set(DispatcherSettings.model_fields) - IGNORED_BY_REPLAY))
+        raise OverrideError(f"--set {key}: unknown setting (dispatcher settings: {known})")
+    if name in IGNORED_BY_REPLAY:
+        raise OverrideError(f"--set {key}: does not change a replay (see docs/replay.md)")
+    if name == "caps":
+        if sub:
+            dispatcher["caps"] = {**dispatcher["caps"], sub: value}
+        elif isinstance(value, dict):
+            dispatcher["caps"] = value
+        else:
+            raise OverrideError(
+                f"--set {key}: expected dispatcher.caps.<client>=N or a JSON object"
+            )
+        return
+    if sub:
+        raise OverrideError(f"--set {key}: dispatcher.{name} has no sub-keys")
+    dispatcher[name] = value
+
+
+def _set_priority(priorities: dict[str, dict[str, int]], key: str, rest: str, value: Any) -> None:
+    name, _, target = rest.partition(".")
+    if name not in priorities or not target:
+        raise OverrideError(
+            f"--set {key}: unknown setting (jobs.exec_priority.<exec> or "
+            "jobs.client_priority.<client>)"
+        )
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not PRIORITY_MIN <= value <= PRIORITY_MAX
+    ):
+        raise OverrideError(
+            f"--set {key}: expected an integer in [{PRIORITY_MIN}, {PRIORITY_MAX}], got {value!r}"
+        )
+    priorities[name][target] = value
+
+
+def _validation_message(error: ValidationError) -> str:
+    parts = []
+    for problem in error.errors():
+        where = ".".join(str(part) for part in problem["loc"])
+        key = f"dispatcher.{where}" if where else "dispatcher"
+        parts.append(f"--set {key}: {problem['msg']}")
+    return "; ".join(parts)
+
+
+__all__ = [
+    "IGNORED_BY_REPLAY",
+    "OverrideError",
+    "ReplayPolicy",
+    "apply_overrides",
+    "parse_assignment",
+]

@@ -1,0 +1,82 @@
+"""`--set key=value` against the typed settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatch.replay.overrides import OverrideError, apply_overrides, parse_assignment
+from dispatch.settings import DispatcherSettings
+
+BASE = DispatcherSettings(default_cap=100, caps={"globex": 7})
+
+
+def test_dispatcher_settings_are_changed_and_reach_the_core() -> None:
+    policy = apply_overrides(
+        BASE,
+        [
+            "dispatcher.default_cap=50",
+            "dispatcher.caps.acme=10",
+            "dispatcher.ack_timeout_s=5",
+            "dispatcher.backoff_multiplier=1.5",
+            "dispatcher.max_attempts=2",
+        ],
+    )
+    config = policy.core_config()
+    assert config.default_cap == 50
+    assert dict(config.caps) == {"globex": 7, "acme": 10}
+    assert (config.ack_timeout_s, config.backoff_multiplier, config.max_attempts) == (5, 1.5, 2)
+    assert config.worker_expiry_s is None  # simulated workers are never silent
+
+
+def test_a_later_assignment_wins_and_caps_can_be_replaced_whole() -> None:
+    policy = apply_overrides(
+        BASE,
+        ["dispatcher.default_cap=5", "dispatcher.default_cap=6", 'dispatcher.caps={"acme": 2}'],
+    )
+    assert policy.dispatcher.default_cap == 6
+    assert policy.dispatcher.caps == {"acme": 2}
+
+
+def test_priorities_by_client_win_over_priorities_by_exec() -> None:
+    policy = apply_overrides(
+        BASE, ["jobs.exec_priority.image.resize=3", "jobs.client_priority.acme=-2"]
+    )
+    assert policy.priority_of("image.resize", "globex", 0) == 3
+    assert policy.priority_of("image.resize", "acme", 0) == -2
+    assert policy.priority_of("mail.send", "globex", 1) == 1
+
+
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("dispatcher.defualt_cap=5", "--set dispatcher.defualt_cap: unknown setting"),
+        ("dispatcher.default_cap=zero", "--set dispatcher.default_cap: Input should be"),
+        ("dispatcher.default_cap=0", "--set dispatcher.default_cap: Input should be greater"),
+        ("dispatcher.caps.acme=0", "--set dispatcher.caps: Value error, every cap"),
+        ("dispatcher.ack_timeout_s=900", "max_ack_timeout_s must be at least ack_timeout_s"),
+        ("dispatcher.worker_expiry_s=3", "--set dispatcher.worker_expiry_s: does not change"),
+        ("dispatcher.max_attempts.x=3", "dispatcher.max_attempts has no sub-keys"),
+        ("kafka.bootstrap=x:1", "--set kafka.bootstrap: unknown setting"),
+        ("jobs.exec_priority.x=high", "--set jobs.exec_priority.x: expected an integer"),
+        ("jobs.colour.x=1", "--set jobs.colour.x: unknown setting"),
+        ("default_cap", "expected key=value"),
+    ],
+)
+def test_a_wrong_key_or_value_names_the_key(assignment: str, message: str) -> None:
+    with pytest.raises(OverrideError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        apply_overrides(BASE, [assignment])
+
+
+def test_values_are_json_when_they_parse_else_text() -> None:
+    assert parse_assignment("a=10") == ("a", 10)
+    assert parse_assignment("a=2.5") == ("a", 2.5)
+    assert parse_assignment("a=acme") == ("a", "acme")
+    assert parse_assignment(" a =x=y") == ("a", "x=y")
+
+
+def test_the_policy_records_itself_as_plain_json() -> None:
+    policy = apply_overrides(BASE, ["dispatcher.caps.acme=10", "jobs.client_priority.acme=1"])
+    document = policy.to_dict()
+    assert document["dispatcher"]["caps"] == {"globex": 7, "acme": 10}
+    assert document["jobs"]["client_priority"] == {"acme": 1}
+    assert "worker_expiry_s" not in document["dispatcher"]

@@ -18,6 +18,7 @@ import uvicorn
 
 from api.app import create_app
 from api.auth import KeyRing, ensure_dev_keys
+from api.memory_log import MemoryLog
 from api.node import Node
 from dispatch.client import Client, Job, NotFound
 from dispatch.settings import Settings
@@ -88,9 +89,11 @@ class NodeServer:
     """A real API node on a given port that can be stopped and started again (`start_node`
     picks a new free port each time; a restart test needs the same address twice)."""
 
-    def __init__(self, settings: Settings, port: int) -> None:
+    def __init__(self, settings: Settings, port: int, *, io: MemoryLog | None = None) -> None:
         self.settings = settings
         self.port = port
+        self.io = io
+        """The log every start of the node uses (None: the session's broker)."""
         self.url = f"http://127.0.0.1:{port}"
         self.keys = ensure_dev_keys(settings.auth)
         self._server: _ThreadServer | None = None
@@ -98,7 +101,7 @@ class NodeServer:
         self.running: RunningNode | None = None
 
     def start(self) -> RunningNode:
-        node = Node(self.settings, f"test-{self.port}", self.url)
+        node = Node(self.settings, f"test-{self.port}", self.url, io=self.io)
         app = create_app(self.settings, node, KeyRing.load(self.settings.auth.keys_file))
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", ws="websockets-sansio"
@@ -106,7 +109,7 @@ class NodeServer:
         server = self._server = _ThreadServer(config)
         self._thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
         self._thread.start()
-        self.running = RunningNode(self.settings, node, self.url, self.keys)
+        self.running = RunningNode(self.settings, node, self.url, self.keys, self.io)
         wait_until(lambda: _ready(self.url), timeout_s=60, what="the node to be ready")
         return self.running
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from api.memory_log import MemoryLog
 from dispatch.client import Client
 from dispatch.settings import Settings
 from dispatch.stack.ports import free_port
@@ -179,7 +180,8 @@ def test_a_stop_releases_jobs_that_outlast_the_grace_period(
 def test_the_worker_reconnects_when_its_node_restarts(
     api_settings: Settings, transport: str
 ) -> None:
-    server = NodeServer(api_settings, free_port())
+    # The log outlives the node, as Kafka does: the restarted node rebuilds from it.
+    server = NodeServer(api_settings, free_port(), io=MemoryLog(api_settings))
     node = server.start()
     try:
         with _admin(node) as admin, running_worker(_app(), node, transport=transport):

@@ -8,12 +8,20 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.job import JobStatus, check_record
 from dispatch.core.state import DispatcherState
 from dispatch.core.workers import pick_worker
 
+Checked = Dispatcher | DispatcherState
+"""What the checks take: a dispatcher, or a bare state (a replica folding with `apply`)."""
 
-def state_view(state: DispatcherState) -> dict[str, Any]:
+
+def _state_of(checked: Checked) -> DispatcherState:
+    return checked.state if isinstance(checked, Dispatcher) else checked
+
+
+def state_view(checked: Checked) -> dict[str, Any]:
     """The logical state as plain data. Two dispatchers that folded the same events have equal
     views (whether they decided the events or replayed them).
 
@@ -21,6 +29,7 @@ def state_view(state: DispatcherState) -> dict[str, Any]:
     follow from the time of the last tick), and the round-robin cursors (which exec queue and
     which client is served next), which steer future choices but are not facts.
     """
+    state = _state_of(checked)
     return {
         "epoch": state.fence.epoch,
         "assign_seq": state._assign_seq,
@@ -43,8 +52,9 @@ def state_view(state: DispatcherState) -> dict[str, Any]:
     }
 
 
-def check_invariants(state: DispatcherState) -> None:
+def check_invariants(checked: Checked) -> None:
     """Raise AssertionError at the first inconsistency between records and indexes."""
+    state = _state_of(checked)
     jobs = state._jobs
     by_status: Counter[JobStatus] = Counter()
     inflight: Counter[str] = Counter()
@@ -129,9 +139,10 @@ def _check_workers_and_clients(state: DispatcherState, inflight: Counter[str]) -
     assert live_deadlines == running, "a running job has no deadline entry"
 
 
-def check_work_conserving(state: DispatcherState) -> None:
+def check_work_conserving(checked: Checked) -> None:
     """After an assignment pass: no ready job of a client under its cap is left waiting while
     a matching worker has credit."""
+    state = _state_of(checked)
     for queue in state._queues.values():
         workers = [w for w in state._workers.values() if w.matches(queue.subject)]
         if pick_worker(workers) is None:
@@ -143,7 +154,8 @@ def check_work_conserving(state: DispatcherState) -> None:
             )
 
 
-def check_caps(state: DispatcherState) -> None:
+def check_caps(checked: Checked) -> None:
     """No client runs more jobs than its cap."""
+    state = _state_of(checked)
     for client_id, client in state._clients.items():
         assert client.inflight <= client.cap, f"{client_id}: {client.inflight} > cap {client.cap}"

@@ -1,8 +1,16 @@
 """The dispatcher: the pure state machine behind every behaviour of docs/spec.md §1-9.
 
-`Dispatcher` = state and fold (`state.DispatcherState`), queries (`queries`), the scheduler's
-decisions (`scheduler`), worker commands (`worker_commands`), settlement (`settlement`), and
-the client and leader commands below.
+`Dispatcher` is the whole public surface in one place: every command and query is listed
+below with a one-line summary, and delegates to the part that does it (full docstring and
+body there). The parts share one `DispatcherState` (the state and its fold, `apply`):
+
+- `scheduler.Scheduler`: assignment passes, deadlines, silent and lost workers (`tick`,
+  `dispatch`), and the helpers every command uses;
+- `leader_commands.LeaderCommands`: `begin_epoch`, `resume`, `prune`;
+- `client_commands.ClientCommands`: `submit`, `submit_many`, `cancel`, `redrive`;
+- `worker_commands.WorkerCommands`: `join`, `grant_credit`, `worker_heartbeat`, `lose_worker`;
+- `settlement.SettlementCommands`: `ack`, `ack_many`, `fail`, `heartbeat`;
+- `queries.DispatcherQueries`: read-only questions.
 
 A command either returns the events it applied (possibly none, e.g. a duplicate submit) or
 raises `Rejected` with a code, having changed nothing. After it has applied its own events,
@@ -12,123 +20,102 @@ returned list may end with `assigned` events.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
-from dispatch.core import _validate as v
+from dispatch.core.client_commands import ClientCommands
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.config import CoreConfig
-from dispatch.core.errors import RejectCode, Rejected
-from dispatch.core.events import (
-    Cancelled,
-    Enqueued,
-    Event,
-    JobHeartbeat,
-    LeaderElected,
-    Pruned,
-    Redriven,
-    WorkerHeartbeat,
-)
-from dispatch.core.fast_events import new_enqueued
-from dispatch.core.job import JobRecord, JobStatus
-from dispatch.core.queues import MAX_EXEC_QUEUES_PER_CLIENT
+from dispatch.core.errors import Rejected
+from dispatch.core.events import Event
+from dispatch.core.fence import EpochFence
+from dispatch.core.job import JobRecord
+from dispatch.core.leader_commands import LeaderCommands
+from dispatch.core.leases import LeaseTokens
+from dispatch.core.queries import ClientLoads, DispatcherQueries, QueueStats
 from dispatch.core.restore import load_snapshot
+from dispatch.core.scheduler import Scheduler
 from dispatch.core.settlement import SettlementCommands
+from dispatch.core.state import DispatcherState
 from dispatch.core.worker_commands import MAX_CREDITS, WorkerCommands
 from dispatch.core.workers import WorkerRecord
 
 __all__ = ["MAX_CREDITS", "Dispatcher"]
 
 
-class Dispatcher(WorkerCommands, SettlementCommands):
+class Dispatcher:
     """The pure dispatcher. Not thread-safe: one caller at a time."""
+
+    def __init__(
+        self,
+        config: CoreConfig | None = None,
+        *,
+        epoch: int = 0,
+        lease_token: LeaseTokens | None = None,
+    ) -> None:
+        """`lease_token` draws the random part of each new lease (`leases.RandomLeaseTokens`
+        by default; pass `leases.seeded_lease_tokens(seed)` for reproducible events)."""
+        state = DispatcherState(config, epoch=epoch, lease_token=lease_token)
+        self.state = state
+        """The state and its fold, shared by the parts below. For `checks` and tests; other
+        callers use the commands and queries."""
+        scheduler = Scheduler(state)
+        self._scheduler = scheduler
+        self._leader_commands = LeaderCommands(state, scheduler)
+        self._client_commands = ClientCommands(state, scheduler)
+        self._worker_commands = WorkerCommands(state, scheduler)
+        self._settlement = SettlementCommands(state, scheduler)
+        self._queries = DispatcherQueries(state)
+
+    @property
+    def config(self) -> CoreConfig:
+        """The configuration commands decide with (timeouts, caps, attempts)."""
+        return self.state.config
+
+    @property
+    def fence(self) -> EpochFence:
+        """The epoch fence `apply` admits logged events through."""
+        return self.state.fence
+
+    # --- folding logged events -------------------------------------------------------------
+
+    def apply(self, event: Event) -> bool:
+        """Fold one logged event; False when the epoch fence voids it."""
+        return self.state.apply(event)
+
+    def apply_all(self, events: Iterable[Event]) -> int:
+        """Fold events in order; returns how many the fence admitted."""
+        return self.state.apply_all(events)
 
     # --- leader ----------------------------------------------------------------------------
 
     def begin_epoch(self, epoch: int, now: float, *, holder: str = "") -> list[Event]:
-        """Record that a leader with a newer `epoch` took over (`leader_elected`). Events
-        decided from now on carry it; older epochs' events are void after it in the log."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch <= self.fence.epoch:
-            raise Rejected(
-                RejectCode.STALE_EPOCH, f"epoch {epoch!r} is not newer than {self.fence.epoch}"
-            )
-        now = self._now(now)
-        event = LeaderElected(epoch=epoch, at=now, holder=holder)
-        self.fence.admit(event)
-        out: list[Event] = []
-        self._emit(event, out)
-        return out
+        """Record that a leader with a newer `epoch` took over (`leader_elected`)."""
+        return self._leader_commands.begin_epoch(epoch, now, holder=holder)
 
     def resume(self, now: float, *, outage_s: float = 0.0, reconnect_s: float = 0.0) -> list[Event]:
-        """Call once after a rebuild, before serving: gives every known worker a fresh expiry
-        window (a `worker_heartbeat` each), since the silence during the failover was not
-        theirs; and moves every running job's deadline later by `outage_s`, and to at least
-        now + `reconnect_s` (a `job_heartbeat` each, only where that changes it), for the same
-        reason: for `outage_s` no leader served, and its worker could neither heartbeat nor
-        ack, and then needs up to `reconnect_s` to find the new leader and resend. Without
-        that, a job whose deadline passed during the failover was taken from its worker at
-        the new leader's first tick, just before the worker resent its ack: it ran twice. A
-        job stuck past its timeout still times out, that much later. Then an assignment
-        pass."""
-        now = self._now(now)
-        out: list[Event] = []
-        epoch = self.fence.epoch
-        floor = now + reconnect_s
-        for worker_id, worker in list(self._workers.items()):
-            self._emit(WorkerHeartbeat(epoch=epoch, at=now, worker_id=worker_id), out)
-            if outage_s <= 0 and reconnect_s <= 0:
-                continue
-            for job in list(worker.running.values()):
-                deadline = job.deadline
-                if deadline is None or job.lease is None:
-                    continue
-                moved_to = max(deadline + outage_s, floor)
-                if deadline < now + max(outage_s, reconnect_s) and moved_to > deadline:
-                    moved = JobHeartbeat(
-                        epoch=epoch, at=now, job_id=job.id, worker_id=worker_id,
-                        attempt=job.attempts, lease=job.lease, deadline=moved_to,
-                    )  # fmt: skip
-                    self._emit(moved, out)
-        self._dispatch(now, out)
-        return out
+        """Call once after a rebuild, before serving: fresh expiry windows and deadlines."""
+        return self._leader_commands.resume(now, outage_s=outage_s, reconnect_s=reconnect_s)
 
     def prune(self, before: float, now: float) -> list[Event]:
-        """Forget succeeded and cancelled jobs that finished at or before `before` (their ids
-        can then be submitted again). Dead jobs stay until redriven. Emits one `pruned` event
-        if anything goes."""
-        try:
-            before = v.as_number(before, "before")
-        except ValueError as error:
-            raise Rejected(RejectCode.INVALID, str(error)) from None
-        now = self._now(now)
-        finished = self._finished
-        while finished and self._jobs.get(finished[0].id) is not finished[0]:
-            finished.popleft()
-        if not finished or finished[0].updated_at > before:
-            return []
-        out: list[Event] = []
-        self._emit(Pruned(epoch=self.fence.epoch, at=now, before=before), out)
-        return out
+        """Forget succeeded and cancelled jobs that finished at or before `before`."""
+        return self._leader_commands.prune(before, now)
+
+    # --- time and assignment ---------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Event]:
+        """Advance time: release delayed jobs, lose silent workers, handle deadlines, assign."""
+        return self._scheduler.tick(now)
+
+    def dispatch(self, now: float) -> list[Event]:
+        """Run an assignment pass (after commands called with `dispatch=False`)."""
+        return self._scheduler.dispatch(now)
 
     # --- clients ---------------------------------------------------------------------------
 
     def submit(self, request: SubmitRequest, now: float, *, dispatch: bool = True) -> list[Event]:
-        """Enqueue a job (`enqueued`), unless its id is already known: then nothing happens
-        and [] is returned (read the existing job with `job(id)`). Rejected INVALID when it
-        would create one exec queue more than its client may (MAX_EXEC_QUEUES_PER_CLIENT)."""
-        if request.id not in self._jobs:
-            refusal = self._exec_refusal(request)
-            if refusal is not None:
-                raise Rejected(RejectCode.INVALID, refusal, job_id=request.id)
-        now = float(now)
-        if now > self._clock:
-            self._advance(now)
-        now = self._clock
-        out: list[Event] = []
-        if request.id not in self._jobs:
-            self._enqueue(request, now, out)
-            if dispatch and self._rotation:
-                self._dispatch(now, out)
-        return out
+        """Enqueue a job (`enqueued`), unless its id is already known (then [])."""
+        return self._client_commands.submit(request, now, dispatch=dispatch)
 
     def submit_many(
         self,
@@ -137,144 +124,183 @@ class Dispatcher(WorkerCommands, SettlementCommands):
         *,
         refused: list[tuple[SubmitRequest, str]] | None = None,
     ) -> list[Event]:
-        """Submit many jobs, then run one assignment pass. Duplicates are skipped. A job
-        `submit` would reject (one exec queue too many for its client) is left out, and
-        appended to `refused` with the reason, if given; the others are enqueued (this is
-        the leader's path for `dispatch.submit` records, where one bad record must not
-        stop the rest)."""
-        now = self._now(now)
-        out: list[Event] = []
-        jobs = self._jobs
-        for request in requests:
-            if request.id in jobs:
-                continue
-            refusal = self._exec_refusal(request)
-            if refusal is not None:
-                if refused is not None:
-                    refused.append((request, refusal))
-                continue
-            self._enqueue(request, now, out)
-        self._dispatch(now, out)
-        return out
+        """Submit many jobs, then run one assignment pass; refusals go to `refused`."""
+        return self._client_commands.submit_many(requests, now, refused=refused)
 
     def exec_queues_refusal(self, requests: Iterable[SubmitRequest]) -> str | None:
-        """Why these submissions, together, would create more exec queues than one of their
-        clients may have, or None. For a submitter's early answer (the REST path asks before
-        writing to Kafka, so a client learns it at once, not from a rejection record); the
-        leader's `submit_many` decides for good."""
-        new_by_client: dict[str, set[str]] = {}
-        for request in requests:
-            if request.exec not in self._queues:
-                new_by_client.setdefault(request.client_id, set()).add(request.exec)
-        for client_id, execs in new_by_client.items():
-            client = self._clients.get(client_id)
-            created = 0 if client is None else client.exec_queues
-            if created + len(execs) > MAX_EXEC_QUEUES_PER_CLIENT:
-                return (
-                    f"exec: client {client_id!r} has created {created} exec queues and these "
-                    f"jobs would add {len(execs)}, over the most one client may "
-                    f"({MAX_EXEC_QUEUES_PER_CLIENT}); use an existing exec name"
-                )
-        return None
-
-    def _exec_refusal(self, request: SubmitRequest) -> str | None:
-        """Why `request` may not create its exec queue, or None (the queue exists, or its
-        client may create one more)."""
-        if request.exec in self._queues:
-            return None
-        client = self._clients.get(request.client_id)
-        if client is None or client.exec_queues < MAX_EXEC_QUEUES_PER_CLIENT:
-            return None
-        return (
-            f"exec {request.exec!r}: client {request.client_id!r} already created "
-            f"{client.exec_queues} exec queues, the most one client may "
-            f"({MAX_EXEC_QUEUES_PER_CLIENT}); use an existing exec name"
-        )
-
-    def _on_enqueued(self, event: Enqueued) -> None:
-        # Also the fold of logged `enqueued` events (`apply` dispatches here): a replayed
-        # log counts each client's queues like the leader that wrote it.
-        created = event.exec not in self._queues
-        super()._on_enqueued(event)
-        if created:
-            self._clients[event.client_id].exec_queues += 1
-
-    def _enqueue(self, request: SubmitRequest, now: float, out: list[Event]) -> None:
-        config = self.config
-        not_before = request.not_before
-        if request.delay_s:
-            not_before = now + request.delay_s
-        elif not_before is not None and not_before <= now:
-            not_before = None
-        event = new_enqueued(
-            self.fence.epoch,
-            now,
-            request.id,
-            request.client_id,
-            request.exec,
-            request.payload,
-            request.max_attempts or config.max_attempts,
-            request.timeout_s or config.ack_timeout_s,
-            request.priority,
-            not_before,
-            self._next_seq,
-        )
-        self._on_enqueued(event)
-        out.append(event)
+        """Why these submissions would create too many exec queues for a client, or None."""
+        return self._client_commands.exec_queues_refusal(requests)
 
     def cancel(self, job_id: str, now: float) -> list[Event]:
         """Cancel a queued (ready or delayed) job. Running and finished jobs refuse."""
-        job = self._job(job_id)
-        if job.status is not JobStatus.QUEUED:
-            raise Rejected(
-                RejectCode.NOT_CANCELLABLE,
-                f"job {job_id!r} is {job.status.value}; only queued jobs can be cancelled",
-                job_id=job_id,
-            )
-        now = self._now(now)
-        out: list[Event] = []
-        self._emit(Cancelled(epoch=self.fence.epoch, at=now, job_id=job_id), out)
-        return out
+        return self._client_commands.cancel(job_id, now)
 
     def redrive(self, job_id: str, now: float) -> list[Event]:
         """Requeue a dead-lettered job with its attempts reset to 0."""
-        job = self._job(job_id)
-        if job.status is not JobStatus.DEAD:
-            raise Rejected(
-                RejectCode.NOT_DEAD,
-                f"job {job_id!r} is {job.status.value}; only dead jobs can be redriven",
-                job_id=job_id,
-            )
-        now = self._now(now)
-        out: list[Event] = []
-        self._emit(Redriven(epoch=self.fence.epoch, at=now, job_id=job_id, seq=self._next_seq), out)
-        self._dispatch(now, out)
-        return out
+        return self._client_commands.redrive(job_id, now)
 
-    # --- dashboard queries -----------------------------------------------------------------
+    # --- workers ---------------------------------------------------------------------------
+
+    def join(
+        self, worker_id: str, subjects: Sequence[str], now: float, *, owner: str | None = None
+    ) -> list[Event]:
+        """Register a worker, or update a known one's subject patterns."""
+        return self._worker_commands.join(worker_id, subjects, now, owner=owner)
+
+    def grant_credit(
+        self, worker_id: str, credits: int, now: float, *, replace: bool = False
+    ) -> list[Event]:
+        """The worker can take `credits` more jobs; with `replace`, exactly `credits` jobs."""
+        return self._worker_commands.grant_credit(worker_id, credits, now, replace=replace)
+
+    def worker_heartbeat(self, worker_id: str, now: float) -> list[Event]:
+        """The worker is alive (resets its expiry)."""
+        return self._worker_commands.worker_heartbeat(worker_id, now)
+
+    def lose_worker(
+        self, worker_id: str, now: float, *, reason: str = "disconnected"
+    ) -> list[Event]:
+        """The worker is gone: requeue (or dead-letter) every job it holds, forget it."""
+        return self._worker_commands.lose_worker(worker_id, now, reason=reason)
+
+    # --- settlement ------------------------------------------------------------------------
+
+    def ack(
+        self,
+        job_id: str,
+        attempt: int,
+        lease: str,
+        now: float,
+        *,
+        result: Any = None,
+        worker_id: str | None = None,
+        owner: str | None = None,
+    ) -> list[Event]:
+        """The worker finished the job (`completed`, with its result)."""
+        return self._settlement.ack(
+            job_id, attempt, lease, now, result=result, worker_id=worker_id, owner=owner
+        )
+
+    def ack_many(
+        self,
+        acks: Iterable[tuple[str, int, str, Any]],
+        now: float,
+        *,
+        worker_id: str | None = None,
+        owner: str | None = None,
+    ) -> tuple[list[Event], list[Rejected]]:
+        """Settle many successes at once; returns (events, rejections)."""
+        return self._settlement.ack_many(acks, now, worker_id=worker_id, owner=owner)
+
+    def fail(
+        self,
+        job_id: str,
+        attempt: int,
+        lease: str,
+        now: float,
+        *,
+        error: str = "",
+        retryable: bool = True,
+        worker_id: str | None = None,
+        owner: str | None = None,
+    ) -> list[Event]:
+        """The attempt failed: requeue it, or dead-letter it (permanent, or no attempt left)."""
+        return self._settlement.fail(
+            job_id,
+            attempt,
+            lease,
+            now,
+            error=error,
+            retryable=retryable,
+            worker_id=worker_id,
+            owner=owner,
+        )
+
+    def heartbeat(
+        self,
+        job_id: str,
+        attempt: int,
+        lease: str,
+        now: float,
+        *,
+        worker_id: str | None = None,
+        owner: str | None = None,
+    ) -> list[Event]:
+        """The worker is still on the job: its deadline moves to now + the attempt's timeout."""
+        return self._settlement.heartbeat(
+            job_id, attempt, lease, now, worker_id=worker_id, owner=owner
+        )
+
+    # --- queries ---------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The current leader epoch: stamped on every event this core decides."""
+        return self.state.fence.epoch
+
+    @property
+    def clock(self) -> float:
+        """The latest time seen (commands' `now`, events' `at`)."""
+        return self.state._clock
+
+    def job(self, job_id: str) -> JobRecord | None:
+        """A copy of the job's record, or None."""
+        return self._queries.job(job_id)
+
+    def job_view(self, job_id: str) -> JobRecord | None:
+        """The live record, without copying: read it before the next command, never mutate it."""
+        return self._queries.job_view(job_id)
+
+    def jobs(self) -> Iterator[JobRecord]:
+        """Every job held (live records: read-only), e.g. to write a snapshot."""
+        return self._queries.jobs()
+
+    def __len__(self) -> int:
+        return len(self._queries)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._queries
+
+    def worker(self, worker_id: str) -> WorkerRecord | None:
+        return self._queries.worker(worker_id)
+
+    def worker_owner(self, worker_id: str) -> str | None:
+        """The name of the API key the live worker id is bound to, or None."""
+        return self._queries.worker_owner(worker_id)
+
+    def workers(self) -> list[WorkerRecord]:
+        return self._queries.workers()
+
+    def dead_letters(self, limit: int | None = None) -> list[JobRecord]:
+        """Copies of dead-lettered jobs, oldest first."""
+        return self._queries.dead_letters(limit)
 
     def latest_dead_letters(self, limit: int) -> list[JobRecord]:
-        """Copies of the `limit` most recently dead-lettered jobs, newest first: the tail of
-        the DLQ without copying all of it (`dead_letters()` copies every dead job)."""
-        out: list[JobRecord] = []
-        for job in reversed(self._dead.values()):
-            if len(out) >= limit:
-                break
-            out.append(job.copy())
-        return out
+        """Copies of the `limit` most recently dead-lettered jobs, newest first."""
+        return self._queries.latest_dead_letters(limit)
 
     def latest_finished(self, limit: int) -> list[JobRecord]:
-        """Copies of the `limit` most recently succeeded or cancelled jobs still held, newest
-        first. Costs O(limit), not O(jobs held): the leader keeps finished jobs for a day."""
-        out: list[JobRecord] = []
-        jobs = self._jobs
-        for job in reversed(self._finished):
-            if len(out) >= limit:
-                break
-            # An entry whose id was pruned (and maybe submitted again) is no longer the job.
-            if jobs.get(job.id) is job:
-                out.append(job.copy())
-        return out
+        """Copies of the `limit` most recently succeeded or cancelled jobs, newest first."""
+        return self._queries.latest_finished(limit)
+
+    def queue_stats(self) -> list[QueueStats]:
+        return self._queries.queue_stats()
+
+    def counts(self) -> dict[str, int]:
+        """Jobs held, by status."""
+        return self._queries.counts()
+
+    def inflight(self, client_id: str) -> int:
+        """Jobs of the client running now."""
+        return self._queries.inflight(client_id)
+
+    def client_loads(self) -> ClientLoads:
+        """Queued and running jobs per (client, exec), in O(lanes + delayed + running)."""
+        return self._queries.client_loads()
+
+    def next_timer_at(self) -> float | None:
+        """The earliest time a `tick` could change something, or None."""
+        return self._queries.next_timer_at()
 
     # --- rebuild ---------------------------------------------------------------------------
 
@@ -302,5 +328,5 @@ class Dispatcher(WorkerCommands, SettlementCommands):
         inconsistent record.
         """
         dispatcher = cls(config, epoch=epoch)
-        load_snapshot(dispatcher, jobs, workers, owned=owned)
+        load_snapshot(dispatcher.state, jobs, workers, owned=owned)
         return dispatcher

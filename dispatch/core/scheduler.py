@@ -1,9 +1,10 @@
 """The scheduler's decisions: assignment passes, deadlines, silent and lost workers.
 
-Every command of the `Dispatcher` is built on this layer. A command validates its request,
-decides events, folds each through the same handlers `apply` uses (`_emit`) and returns them.
-It takes `now` (unix seconds) from the caller; the core never reads a clock, and its one
-random input, the token of each new lease, comes from the source the dispatcher was given
+`Scheduler` is the part of the `Dispatcher` every command builds on. A command validates its
+request, decides events, folds each through the same handlers `apply` uses
+(`DispatcherState.emit`) and returns them, usually after an `assignment_pass`. It takes
+`now` (unix seconds) from the caller; the core never reads a clock, and its one random
+input, the token of each new lease, comes from the source the dispatcher was given
 (`leases`), so the same inputs (and tokens) give the same events. Time never goes back: a
 `now` older than the latest time seen is treated as that time.
 """
@@ -20,55 +21,56 @@ from dispatch.core.events import (
 )
 from dispatch.core.fast_events import new_assigned
 from dispatch.core.job import DeadReason, JobRecord, JobStatus, RequeueReason
-from dispatch.core.queries import DispatcherQueries
 from dispatch.core.queues import ExecQueue
+from dispatch.core.state import DispatcherState
 from dispatch.core.workers import WorkerState, pick_worker
 
 _RUNNING = JobStatus.RUNNING
 
 
-class Scheduler(DispatcherQueries):
-    """Decisions shared by all commands (internal base of `Dispatcher`)."""
+class Scheduler:
+    """Decisions shared by all commands, over the state it is given."""
 
-    # --- plumbing --------------------------------------------------------------------------
+    def __init__(self, state: DispatcherState) -> None:
+        self._state = state
 
-    def _now(self, now: float) -> float:
-        now = float(now)
-        if now > self._clock:
-            self._advance(now)
-        return self._clock
+    # --- shared by the commands --------------------------------------------------------------
 
-    def _emit(self, event: Event, out: list[Event]) -> None:
-        # The same handlers as `apply`; the fence is skipped because this core's own epoch
-        # is always admitted.
-        self._handlers[type(event)](event)
-        out.append(event)
-
-    def _lease(self) -> str:
+    def lease(self) -> str:
         """A new lease: the deciding epoch and 128 random bits (see `leases`)."""
-        return f"{self.fence.epoch}.{self._lease_token()}"
+        state = self._state
+        return f"{state.fence.epoch}.{state._lease_token()}"
 
-    def _matching(self, queue: ExecQueue) -> list[WorkerState]:
+    def matching(self, queue: ExecQueue) -> list[WorkerState]:
+        """The workers whose subjects match the queue's (cached on the queue until workers
+        or their subjects change)."""
         workers = queue.workers
         if workers is None:
             subject = queue.subject
-            workers = queue.workers = [w for w in self._workers.values() if w.matches(subject)]
+            workers = queue.workers = [
+                w for w in self._state._workers.values() if w.matches(subject)
+            ]
         return workers
 
-    def _job(self, job_id: str) -> JobRecord:
-        job = self._jobs.get(job_id)
+    def known_job(self, job_id: str) -> JobRecord:
+        """The job; Rejected NOT_FOUND if it is not held."""
+        job = self._state._jobs.get(job_id)
         if job is None:
             raise Rejected(RejectCode.NOT_FOUND, f"no job {job_id!r}", job_id=job_id)
         return job
 
-    def _known_worker(self, worker_id: str) -> WorkerState:
-        worker = self._workers.get(worker_id)
+    def known_worker(self, worker_id: str) -> WorkerState:
+        """The worker; Rejected UNKNOWN_WORKER if it has not joined."""
+        worker = self._state._workers.get(worker_id)
         if worker is None:
             raise Rejected(RejectCode.UNKNOWN_WORKER, f"worker {worker_id!r} has not joined")
         return worker
 
-    def _lose(self, worker: WorkerState, now: float, reason: str, out: list[Event]) -> None:
-        epoch = self.fence.epoch
+    def lose(self, worker: WorkerState, now: float, reason: str, out: list[Event]) -> None:
+        """Requeue (or dead-letter, on their last attempt) the worker's jobs, then forget it."""
+        state = self._state
+        emit = state.emit
+        epoch = state.fence.epoch
         error = f"worker {worker.worker_id} lost: {reason}"
         # Latest assignment first: each requeue goes in front of the previous one, so the
         # job assigned earliest ends up first in line.
@@ -93,10 +95,10 @@ class Scheduler(DispatcherQueries):
                     worker_id=worker.worker_id,
                     attempt=job.attempts,
                     error=error,
-                    seq=self._front_seq,
+                    seq=state._front_seq,
                 )
-            self._emit(event, out)
-        self._emit(WorkerLost(epoch=epoch, at=now, worker_id=worker.worker_id, reason=reason), out)
+            emit(event, out)
+        emit(WorkerLost(epoch=epoch, at=now, worker_id=worker.worker_id, reason=reason), out)
 
     # --- time and assignment ---------------------------------------------------------------
 
@@ -104,14 +106,15 @@ class Scheduler(DispatcherQueries):
         """Advance time to `now`: release delayed jobs, lose silent workers (requeueing their
         jobs), handle passed deadlines (reassign or dead-letter), then run an assignment pass.
         Cost: proportional to what is due, not to the number of jobs held."""
-        now = self._now(now)
+        state = self._state
+        now = state.advance_to(now)
         out: list[Event] = []
-        expiry_s = self.config.worker_expiry_s
-        expiry = self._expiry
+        expiry_s = state.config.worker_expiry_s
+        expiry = state._expiry
         if expiry_s is not None and expiry.heap and expiry.heap[0][0] <= now:
-            for worker in expiry.pop_silent(now, expiry_s, self._workers):
-                self._lose(worker, now, f"silent for {expiry_s:g}s", out)
-        deadlines = self._deadlines
+            for worker in expiry.pop_silent(now, expiry_s, state._workers):
+                self.lose(worker, now, f"silent for {expiry_s:g}s", out)
+        deadlines = state._deadlines
         if deadlines.heap and deadlines.heap[0][0] <= now:
             for job in deadlines.pop_expired(now):
                 # Checked again here: the heap may hold two live-looking entries for one
@@ -120,7 +123,7 @@ class Scheduler(DispatcherQueries):
                 # reassigned with a later deadline).
                 if job.status is _RUNNING and job.deadline is not None and job.deadline <= now:
                     self._expire(job, now, out)
-        self._dispatch(now, out)
+        self.assignment_pass(now, out)
         return out
 
     def _expire(self, job: JobRecord, now: float, out: list[Event]) -> None:
@@ -131,12 +134,13 @@ class Scheduler(DispatcherQueries):
         The same worker spends a credit like any other: it may still be running the timed-out
         attempt (stuck, or slow), which holds its slot until the worker gives it back, so a
         new attempt on the old slot would make it hold more jobs than it has slots."""
-        epoch = self.fence.epoch
-        worker = self._workers[job.worker_id or ""]
+        state = self._state
+        epoch = state.fence.epoch
+        worker = state._workers[job.worker_id or ""]
         attempt = job.attempts
         error = f"attempt {attempt} of {job.max_attempts} timed out on worker {worker.worker_id}"
         if attempt >= job.max_attempts:
-            self._emit(
+            state.emit(
                 DeadLettered(
                     epoch=epoch,
                     at=now,
@@ -149,8 +153,8 @@ class Scheduler(DispatcherQueries):
                 out,
             )
             return
-        queue = self._queues[job.exec]
-        target = pick_worker(self._matching(queue), exclude=worker)
+        queue = state._queues[job.exec]
+        target = pick_worker(self.matching(queue), exclude=worker)
         if target is None and worker.credit > 0 and worker.matches(queue.subject):
             target = worker
         if target is None:
@@ -164,7 +168,7 @@ class Scheduler(DispatcherQueries):
                 worker_id=worker.worker_id,
                 attempt=attempt,
                 error=error,
-                seq=self._front_seq,
+                seq=state._front_seq,
             )
         else:
             event = Reassigned(
@@ -174,34 +178,35 @@ class Scheduler(DispatcherQueries):
                 worker_id=target.worker_id,
                 previous_worker_id=worker.worker_id,
                 attempt=attempt + 1,
-                lease=self._lease(),
-                deadline=now + self.config.ack_timeout(job.timeout_s, attempt + 1),
+                lease=self.lease(),
+                deadline=now + state.config.ack_timeout(job.timeout_s, attempt + 1),
             )
-        self._emit(event, out)
+        state.emit(event, out)
 
     def dispatch(self, now: float) -> list[Event]:
         """Run an assignment pass (after commands called with `dispatch=False`)."""
-        now = self._now(now)
+        now = self._state.advance_to(now)
         out: list[Event] = []
-        self._dispatch(now, out)
+        self.assignment_pass(now, out)
         return out
 
-    def _dispatch(self, now: float, out: list[Event]) -> None:
+    def assignment_pass(self, now: float, out: list[Event]) -> None:
         """Assign until no exec queue has both a ready job (of a client under its cap) and a
         matching worker with credit. Exec queues take turns (round-robin); a queue found
         unservable leaves the rotation until a job, a worker or credit wakes it, so the pass
         costs O(assignments + queues that changed), not O(queues)."""
-        rotation = self._rotation
-        epoch = self.fence.epoch
-        on_assigned = self._on_assigned
-        lease_token = self._lease_token
+        state = self._state
+        rotation = state._rotation
+        epoch = state.fence.epoch
+        on_assigned = state._on_assigned
+        lease_token = state._lease_token
         while rotation:
             queue = rotation[0]
             worker = None
             if queue.ready:
                 workers = queue.workers
                 if workers is None:
-                    workers = self._matching(queue)
+                    workers = self.matching(queue)
                 worker = pick_worker(workers)
             job = queue.next_job() if worker is not None else None
             if worker is None or job is None:
@@ -210,7 +215,7 @@ class Scheduler(DispatcherQueries):
                 continue
             attempt = job.attempts + 1
             timeout = (
-                job.timeout_s if attempt == 1 else self.config.ack_timeout(job.timeout_s, attempt)
+                job.timeout_s if attempt == 1 else state.config.ack_timeout(job.timeout_s, attempt)
             )
             event = new_assigned(
                 epoch,

@@ -28,16 +28,21 @@ from dispatch.core.events import (
 from dispatch.core.fast_events import new_completed
 from dispatch.core.job import DeadReason, JobRecord, JobStatus, RequeueReason
 from dispatch.core.scheduler import Scheduler
+from dispatch.core.state import DispatcherState
 
 _RUNNING = JobStatus.RUNNING
 
 
-class SettlementCommands(Scheduler):
+class SettlementCommands:
     """What a worker reports about a job it holds."""
+
+    def __init__(self, state: DispatcherState, scheduler: Scheduler) -> None:
+        self._state = state
+        self._scheduler = scheduler
 
     def _foreign(self, job: JobRecord, owner: str) -> bool:
         """Whether the job's worker is live and registered by a key other than `owner`."""
-        worker = self._workers.get(job.worker_id or "")
+        worker = self._state._workers.get(job.worker_id or "")
         return worker is not None and worker.owner is not None and worker.owner != owner
 
     def _current(
@@ -59,7 +64,7 @@ class SettlementCommands(Scheduler):
             )
         if not isinstance(lease, str) or not lease:
             raise Rejected(RejectCode.INVALID, f"lease: expected a non-empty string, got {lease!r}")
-        job = self._job(job_id)
+        job = self._scheduler.known_job(job_id)
         same_assignment = (
             attempt == job.attempts
             and lease == job.lease
@@ -110,7 +115,8 @@ class SettlementCommands(Scheduler):
         """The worker finished the job (`completed`, with its result). Repeating the same ack
         after success returns [] (read the outcome with `job(id)`). `worker_id` and `owner`,
         when given, must be the job's worker and its key (see the module's doc)."""
-        job = self._jobs.get(job_id)
+        state = self._state
+        job = state._jobs.get(job_id)
         if (
             job is None
             or job.status is not _RUNNING
@@ -125,16 +131,16 @@ class SettlementCommands(Scheduler):
             if job is None:
                 return []
         now = float(now)
-        if now > self._clock:
-            self._advance(now)
-        now = self._clock
+        if now > state._clock:
+            state._advance(now)
+        now = state._clock
         event = new_completed(
-            self.fence.epoch, now, job_id, job.worker_id or "", attempt, lease, result
+            state.fence.epoch, now, job_id, job.worker_id or "", attempt, lease, result
         )
-        self._on_completed(event)
+        state._on_completed(event)
         out: list[Event] = [event]
-        if self._rotation:
-            self._dispatch(now, out)
+        if state._rotation:
+            self._scheduler.assignment_pass(now, out)
         return out
 
     def ack_many(
@@ -153,13 +159,15 @@ class SettlementCommands(Scheduler):
         repeats), then the assignments of a single pass; an invalid ack does not stop the
         others, its `Rejected` (with `job_id`) is in the second list.
         """
+        state = self._state
         now = float(now)
-        if now > self._clock:
-            self._advance(now)
-        now = self._clock
-        epoch = self.fence.epoch
-        jobs = self._jobs
-        on_completed = self._on_completed
+        if now > state._clock:
+            state._advance(now)
+        now = state._clock
+        epoch = state.fence.epoch
+        jobs = state._jobs
+        on_completed = state._on_completed
+        foreign = self._foreign
         out: list[Event] = []
         rejected: list[Rejected] = []
         for job_id, attempt, lease, result in acks:
@@ -170,7 +178,7 @@ class SettlementCommands(Scheduler):
                 or attempt != job.attempts
                 or lease != job.lease
                 or (worker_id is not None and worker_id != job.worker_id)
-                or (owner is not None and self._foreign(job, owner))
+                or (owner is not None and foreign(job, owner))
             ):
                 try:
                     job = self._current(
@@ -189,8 +197,8 @@ class SettlementCommands(Scheduler):
             event = new_completed(epoch, now, job_id, job.worker_id or "", attempt, lease, result)
             on_completed(event)
             out.append(event)
-        if self._rotation:
-            self._dispatch(now, out)
+        if state._rotation:
+            self._scheduler.assignment_pass(now, out)
         return out, rejected
 
     def fail(
@@ -220,14 +228,15 @@ class SettlementCommands(Scheduler):
         )
         if job is None:
             return []
-        now = self._now(now)
+        state = self._state
+        now = state.advance_to(now)
         holder = job.worker_id or ""
         out: list[Event] = []
         event: Event
         if not retryable or job.attempts >= job.max_attempts:
             reason = DeadReason.RETRIES_EXHAUSTED if retryable else DeadReason.PERMANENT_FAILURE
             event = DeadLettered(
-                epoch=self.fence.epoch,
+                epoch=state.fence.epoch,
                 at=now,
                 job_id=job_id,
                 reason=reason,
@@ -237,17 +246,17 @@ class SettlementCommands(Scheduler):
             )
         else:
             event = Requeued(
-                epoch=self.fence.epoch,
+                epoch=state.fence.epoch,
                 at=now,
                 job_id=job_id,
                 reason=RequeueReason.FAILED,
                 worker_id=holder,
                 attempt=attempt,
                 error=error,
-                seq=self._front_seq,
+                seq=state._front_seq,
             )
-        self._emit(event, out)
-        self._dispatch(now, out)
+        state.emit(event, out)
+        self._scheduler.assignment_pass(now, out)
         return out
 
     def heartbeat(
@@ -264,11 +273,12 @@ class SettlementCommands(Scheduler):
         (never earlier than it was). Also counts as the worker's heartbeat."""
         job = self._current(job_id, attempt, lease, worker_id, owner=owner, repeat_of=None)
         assert job is not None and job.deadline is not None  # a running job has a deadline
-        now = self._now(now)
-        extended = now + self.config.ack_timeout(job.timeout_s, job.attempts)
+        state = self._state
+        now = state.advance_to(now)
+        extended = now + state.config.ack_timeout(job.timeout_s, job.attempts)
         out: list[Event] = []
         event = JobHeartbeat(
-            epoch=self.fence.epoch,
+            epoch=state.fence.epoch,
             at=now,
             job_id=job_id,
             worker_id=job.worker_id or "",
@@ -276,5 +286,5 @@ class SettlementCommands(Scheduler):
             lease=lease,
             deadline=max(job.deadline, extended),
         )
-        self._emit(event, out)
+        state.emit(event, out)
         return out

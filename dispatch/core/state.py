@@ -1,10 +1,11 @@
 """The dispatcher's state and the fold of facts into it (`apply`).
 
 `DispatcherState.apply(event)` is the one way state changes: the live leader's commands (see
-`dispatch.core.dispatcher`) decide an event and fold it through the same handlers; a rebuild
-and tests fold logged events with `apply`. Job status changes go through the per-job reducer
-(`dispatch.core.reducer`); this layer keeps the indexes around it consistent: exec queues,
-workers and their credit, per-client in-flight counts, the deadline and delay heaps, the DLQ.
+`dispatch.core.dispatcher`) decide an event and fold it through the same handlers (`emit`); a
+rebuild and tests fold logged events with `apply`. Job status changes go through the per-job
+reducer (`dispatch.core.reducer`); this layer keeps the indexes around it consistent: exec
+queues, workers and their credit, per-client in-flight counts, the deadline and delay heaps,
+the DLQ.
 
 Replay never decides anything, and tolerates one gap: a restored snapshot does not hold
 worker credit, subjects or owners, so an event naming an unknown worker creates a placeholder
@@ -135,6 +136,21 @@ class DispatcherState:
     def apply_all(self, events: Iterable[Event]) -> int:
         """Fold events in order; returns how many the fence admitted."""
         return sum(1 for event in events if self.apply(event))
+
+    def emit(self, event: Event, out: list[Event]) -> None:
+        """Fold an event a command of this core decided, and append it to `out`."""
+        # The same handlers as `apply`; the fence is skipped because this core's own epoch
+        # is always admitted.
+        self._handlers[type(event)](event)
+        out.append(event)
+
+    def advance_to(self, now: float) -> float:
+        """Move the clock to `now` unless it is already later; returns the clock, the time a
+        command given `now` happens at (time never goes back)."""
+        now = float(now)
+        if now > self._clock:
+            self._advance(now)
+        return self._clock
 
     def _advance(self, now: float) -> None:
         """Move the clock forward; delayed jobs whose time has come become ready."""
@@ -299,8 +315,13 @@ class DispatcherState:
             # Only a snapshot holding a job the old leader had pruned gets here.
             self._counts[previous.status.value] -= 1
         # Share one string object per exec and client: it matters with a million jobs.
-        queue = self._queues.get(event.exec) or self._queue(event.exec)
         client = self._clients.get(event.client_id) or self._client(event.client_id)
+        queue = self._queues.get(event.exec)
+        if queue is None:
+            queue = self._queue(event.exec)
+            # Counted in the fold, so a replayed log counts each client's queues like the
+            # leader that wrote it (`submit` refuses one queue too many).
+            client.exec_queues += 1
         job.exec = queue.exec
         job.client_id = client.client_id
         jobs[job.id] = job

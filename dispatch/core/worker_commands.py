@@ -18,14 +18,19 @@ from dispatch.core.events import (
     WorkerJoined,
 )
 from dispatch.core.scheduler import Scheduler
+from dispatch.core.state import DispatcherState
 from dispatch.core.subjects import validate_patterns
 
 MAX_CREDITS = 1_000_000
 """Most credit one grant may carry (a guard against typos such as 10**12)."""
 
 
-class WorkerCommands(Scheduler):
+class WorkerCommands:
     """What a worker (or the API on its behalf) tells the dispatcher."""
+
+    def __init__(self, state: DispatcherState, scheduler: Scheduler) -> None:
+        self._state = state
+        self._scheduler = scheduler
 
     def join(
         self, worker_id: str, subjects: Sequence[str], now: float, *, owner: str | None = None
@@ -44,7 +49,8 @@ class WorkerCommands(Scheduler):
                 raise ValueError(f"owner: expected a non-empty string or None, got {owner!r}")
         except ValueError as error:
             raise Rejected(RejectCode.INVALID, str(error)) from None
-        known = self._workers.get(worker_id)
+        state = self._state
+        known = state._workers.get(worker_id)
         if (
             owner is not None
             and known is not None
@@ -52,15 +58,15 @@ class WorkerCommands(Scheduler):
             and known.owner != owner
         ):
             raise Rejected(RejectCode.FORBIDDEN, f"worker {worker_id!r} belongs to another key")
-        now = self._now(now)
+        now = state.advance_to(now)
         out: list[Event] = []
-        self._emit(
+        state.emit(
             WorkerJoined(
-                epoch=self.fence.epoch, at=now, worker_id=worker_id, subjects=patterns, owner=owner
+                epoch=state.fence.epoch, at=now, worker_id=worker_id, subjects=patterns, owner=owner
             ),
             out,
         )
-        self._dispatch(now, out)
+        self._scheduler.assignment_pass(now, out)
         return out
 
     def grant_credit(
@@ -69,7 +75,7 @@ class WorkerCommands(Scheduler):
         """The worker can take `credits` more jobs; with `replace`, exactly `credits` jobs
         (what a REST poller means by "I have room for N"). Assigning spends credit; acks do
         not return it."""
-        self._known_worker(worker_id)
+        self._scheduler.known_worker(worker_id)
         minimum = 0 if replace else 1
         if (
             isinstance(credits, bool)
@@ -80,11 +86,12 @@ class WorkerCommands(Scheduler):
                 RejectCode.INVALID,
                 f"credits: expected an integer in [{minimum}, {MAX_CREDITS}], got {credits!r}",
             )
-        now = self._now(now)
+        state = self._state
+        now = state.advance_to(now)
         out: list[Event] = []
-        self._emit(
+        state.emit(
             CreditGranted(
-                epoch=self.fence.epoch,
+                epoch=state.fence.epoch,
                 at=now,
                 worker_id=worker_id,
                 credits=credits,
@@ -92,15 +99,16 @@ class WorkerCommands(Scheduler):
             ),
             out,
         )
-        self._dispatch(now, out)
+        self._scheduler.assignment_pass(now, out)
         return out
 
     def worker_heartbeat(self, worker_id: str, now: float) -> list[Event]:
         """The worker is alive (resets its expiry)."""
-        self._known_worker(worker_id)
-        now = self._now(now)
+        self._scheduler.known_worker(worker_id)
+        state = self._state
+        now = state.advance_to(now)
         out: list[Event] = []
-        self._emit(WorkerHeartbeat(epoch=self.fence.epoch, at=now, worker_id=worker_id), out)
+        state.emit(WorkerHeartbeat(epoch=state.fence.epoch, at=now, worker_id=worker_id), out)
         return out
 
     def lose_worker(
@@ -108,9 +116,10 @@ class WorkerCommands(Scheduler):
     ) -> list[Event]:
         """The worker is gone: requeue every job it holds at once (a job on its last allowed
         attempt is dead-lettered instead), then forget the worker."""
-        worker = self._known_worker(worker_id)
-        now = self._now(now)
+        scheduler = self._scheduler
+        worker = scheduler.known_worker(worker_id)
+        now = self._state.advance_to(now)
         out: list[Event] = []
-        self._lose(worker, now, reason, out)
-        self._dispatch(now, out)
+        scheduler.lose(worker, now, reason, out)
+        scheduler.assignment_pass(now, out)
         return out

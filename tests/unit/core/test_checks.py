@@ -31,7 +31,7 @@ def test_a_healthy_state_passes() -> None:
 def test_a_wrong_count_is_caught() -> None:
     d = make()
     d.submit(request("a"), T0)
-    d._counts["queued"] += 1
+    d.state._counts["queued"] += 1
     with pytest.raises(AssertionError, match="count of queued"):
         check_invariants(d)
 
@@ -39,7 +39,7 @@ def test_a_wrong_count_is_caught() -> None:
 def test_a_job_lost_from_its_queue_is_caught() -> None:
     d = make()
     d.submit(request("a"), T0)
-    lane = next(iter(d._queues["image.resize"].lanes()))
+    lane = next(iter(d.state._queues["image.resize"].lanes()))
     lane.jobs.clear()
     with pytest.raises(AssertionError):
         check_invariants(d)
@@ -48,7 +48,7 @@ def test_a_job_lost_from_its_queue_is_caught() -> None:
 def test_negative_credit_is_caught() -> None:
     d = make()
     worker(d, "w")
-    d._workers["w"].credit = -1
+    d.state._workers["w"].credit = -1
     with pytest.raises(AssertionError, match="negative credit"):
         check_invariants(d)
 
@@ -65,6 +65,6 @@ def test_a_client_over_its_cap_is_caught() -> None:
     d = make(default_cap=1)
     worker(d, "w", credits=1)
     d.submit(request("a"), T0)
-    d._clients["default"].cap = 0
+    d.state._clients["default"].cap = 0
     with pytest.raises(AssertionError, match="cap"):
         check_caps(d)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dispatch.core import (
+    Dispatcher,
     JobStatus,
     SubmitRequest,
 )
+from dispatch.core.queries import ClientLoad
 from tests.unit.core.helpers import (
     T0,
     assignments,
@@ -65,3 +67,54 @@ def test_counts_and_membership() -> None:
     assert d.counts() == {"queued": 1, "running": 0, "succeeded": 0, "dead": 0, "cancelled": 0}
     assert [job.id for job in d.jobs()] == ["j1"]
     assert d.inflight("nobody") == 0
+
+
+# --- client loads (GET /v1/tenants, the per-tenant gauges) ------------------------------------
+
+
+def _loads_as_pairs(core: Dispatcher) -> dict[tuple[str, str], tuple[int, int]]:
+    return {
+        key: (load.queued, load.running) for key, load in core.client_loads().by_client_exec.items()
+    }
+
+
+def test_queued_delayed_capped_and_running_jobs_are_counted_per_client_and_exec() -> None:
+    core = make(default_cap=1)
+    core.submit_many(
+        [
+            request("a1", "resize.run", client_id="acme"),
+            request("a2", "resize.run", client_id="acme", priority=5),
+            request("a3", "encode.run", client_id="acme", delay_s=60.0),
+            request("g1", "resize.run", client_id="globex"),
+        ],
+        T0,
+    )
+    # Two credits: acme (cap 1) gets one job, globex one; acme's second waits at its cap.
+    worker(core, "w", subjects=["job.assign.resize.>"], credits=2)
+    assert _loads_as_pairs(core) == {
+        ("acme", "resize.run"): (1, 1),
+        ("acme", "encode.run"): (1, 0),
+        ("globex", "resize.run"): (0, 1),
+    }
+    totals = core.client_loads().per_client()
+    assert (totals["acme"].queued, totals["acme"].running) == (2, 1)
+
+
+def test_a_cancelled_job_and_a_finished_one_count_nowhere() -> None:
+    core = make()
+    core.submit_many(
+        [
+            request("soon", "resize.run", client_id="acme"),
+            request("later", "resize.run", client_id="acme", delay_s=60.0),
+        ],
+        T0,
+    )
+    core.cancel("soon", T0)
+    core.cancel("later", T0)
+    assert core.client_loads().by_client_exec == {}
+
+
+def test_loads_add_up() -> None:
+    total = ClientLoad(1, 2)
+    total.add(ClientLoad(3, 4))
+    assert total == ClientLoad(4, 6)

@@ -289,24 +289,25 @@ def reference_load(
             state._finished.append(job)
 
 
-def internals(d: DispatcherState) -> dict[str, Any]:
+def internals(d: Dispatcher) -> dict[str, Any]:
     """Everything a restore builds, in the order it holds it (`state_view` sorts)."""
+    state = d.state
     return {
-        "jobs": [(job_id, job.to_dict()) for job_id, job in d._jobs.items()],
-        "finished": [job.id for job in d._finished],
-        "dead": list(d._dead),
-        "queues": [(q.exec, q.ready, q.delayed, q.running) for q in d._queues.values()],
-        "rotation": [queue.exec for queue in d._rotation],
-        "clients": [(c.client_id, c.cap, c.inflight) for c in d._clients.values()],
+        "jobs": [(job_id, job.to_dict()) for job_id, job in state._jobs.items()],
+        "finished": [job.id for job in state._finished],
+        "dead": list(state._dead),
+        "queues": [(q.exec, q.ready, q.delayed, q.running) for q in state._queues.values()],
+        "rotation": [queue.exec for queue in state._rotation],
+        "clients": [(c.client_id, c.cap, c.inflight) for c in state._clients.values()],
         "workers": [
             (w.worker_id, w.subjects, w.credit, w.last_seen, list(w.running))
-            for w in d._workers.values()
+            for w in state._workers.values()
         ],
-        "deadlines": [(at, n, job.id) for at, n, job in d._deadlines.heap],
-        "delays": [(at, seq, job.id) for at, seq, job in d._delays.heap],
-        "clock": d._clock,
-        "seqs": (d._next_seq, d._front_seq, d._assign_seq),
-        "counts": dict(d._counts),
+        "deadlines": [(at, n, job.id) for at, n, job in state._deadlines.heap],
+        "delays": [(at, seq, job.id) for at, seq, job in state._delays.heap],
+        "clock": state._clock,
+        "seqs": (state._next_seq, state._front_seq, state._assign_seq),
+        "counts": dict(state._counts),
     }
 
 
@@ -336,7 +337,7 @@ def test_restore_builds_what_the_one_by_one_restore_built() -> None:
     old = eventful_leader()
     rows = snapshot(old)
     expected = Dispatcher(old.config, epoch=old.epoch)
-    reference_load(expected, rows)
+    reference_load(expected.state, rows)
     for seed in range(6):
         shuffled = snapshot(old)
         random.Random(seed).shuffle(shuffled)
@@ -347,7 +348,7 @@ def test_restore_builds_what_the_one_by_one_restore_built() -> None:
     # And it goes on the same way: the same jobs to the same workers, in the same order.
     new = Dispatcher.restore(snapshot(old), config=old.config, epoch=old.epoch)
     for d in (new, expected):
-        d._lease_token = seeded_lease_tokens(1)  # the same leases, to compare the records
+        d.state._lease_token = seeded_lease_tokens(1)  # the same leases, to compare the records
         d.begin_epoch(old.epoch + 1, T0 + 6)
         worker(d, "w1", credits=20, now=T0 + 7)
     assert assigned_ids(worker(new, "w9", credits=50, now=T0 + 8)) == assigned_ids(
@@ -363,7 +364,7 @@ def test_restore_breaks_ties_of_seq_as_the_one_by_one_restore_did() -> None:
     for row in rows:
         row.seq = abs(row.seq) // 3
     expected = Dispatcher(old.config)
-    reference_load(expected, rows)
+    reference_load(expected.state, rows)
     assert internals(Dispatcher.restore(rows, config=old.config)) == internals(expected)
 
 
@@ -489,11 +490,11 @@ def test_a_refused_snapshot_changes_neither_the_state_nor_owned_records() -> Non
     for row in rows:
         row.exec = "".join(row.exec)
     before = [(row.to_dict(), id(row.exec)) for row in rows]
-    state = make()
-    empty = internals(state)
+    d = make()
+    empty = internals(d)
     with pytest.raises(ValueError, match="exceeds max_attempts"):
-        load_snapshot(state, rows, owned=True)
-    assert internals(state) == empty
+        load_snapshot(d.state, rows, owned=True)
+    assert internals(d) == empty
     assert [(row.to_dict(), id(row.exec)) for row in rows] == before
 
 
@@ -504,9 +505,9 @@ def test_a_snapshot_with_a_repeated_id_is_refused_before_anything_changes() -> N
     for row in rows:
         row.exec = "".join(row.exec)
     before = [(row.to_dict(), id(row.exec)) for row in rows]
-    state = make()
-    empty = internals(state)
+    d = make()
+    empty = internals(d)
     with pytest.raises(ValueError, match=rows[0].id):
-        load_snapshot(state, rows, owned=True)
-    assert internals(state) == empty
+        load_snapshot(d.state, rows, owned=True)
+    assert internals(d) == empty
     assert [(row.to_dict(), id(row.exec)) for row in rows] == before

@@ -397,7 +397,7 @@ def test_tick_never_walks_all_jobs() -> None:
     d = make(ack_timeout_s=30.0, default_cap=1_000_000, worker_expiry_s=60.0)
     d.submit_many([request(f"j{n}", f"exec{n % 3}.run") for n in range(20_000)], T0)
     worker(d, "w", credits=1_000)
-    d._jobs = _NoScan(d._jobs)
+    d.state._jobs = _NoScan(d.state._jobs)
     assert d.tick(T0 + 1) == [], "nothing is due"
     events = d.tick(T0 + 30)
     # The worker has no credit left: the timed-out jobs wait at the front of their queues.

@@ -23,29 +23,27 @@ from typing import Any
 from api.metrics import Metrics
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import Assigned, Event, JobEvent, Reassigned, WorkerLost
-from dispatch.core.job import TERMINAL_STATUSES
+from dispatch.core.job import TERMINAL_STATUSES, JobRecord, JobStatus
+from dispatch.wire import assignment_of, job_view_of
 
 
-def assignment_of(core: Dispatcher, job_id: str) -> dict[str, Any] | None:
-    """What a worker receives for a running job (REST poll and WebSocket `assign`)."""
+def current_assignment(core: Dispatcher, job_id: str) -> dict[str, Any] | None:
+    """What a worker receives for a running job (REST poll and WebSocket `assign`): the
+    wire `Assignment`, or None when the job is not running (any more: an event later in the
+    same commit may have taken it back)."""
     job = core.job_view(job_id)
-    if job is None or job.lease is None:
+    if job is None or job.status is not JobStatus.RUNNING:
         return None
-    return {
-        "id": job.id,
-        "exec": job.exec,
-        "payload": job.payload,
-        "attempt": job.attempts,
-        "deadline": job.deadline,
-        "lease": job.lease,
-    }
+    return assignment_of(job)
 
 
-def public_job(job: Any) -> dict[str, Any]:
-    """A job as clients see it: its record without the lease token (a worker's secret)."""
-    view: dict[str, Any] = job.to_dict()
-    view.pop("lease", None)
-    return view
+def public_job(job: JobRecord | None) -> dict[str, Any]:
+    """A job as clients see it (REST answers and WebSocket `result`): the wire `JobView`.
+    Answers pass the job their command just changed, so None is a bug: it fails the request
+    instead of answering a job that is not there."""
+    if job is None:
+        raise LookupError("no such job to show")
+    return job_view_of(job)
 
 
 class Outbox:
@@ -103,7 +101,7 @@ class Hub:
         lost: list[str] = []
         for event in events:
             if isinstance(event, Assigned | Reassigned):
-                assignment = assignment_of(core, event.job_id)
+                assignment = current_assignment(core, event.job_id)
                 if assignment is not None and assignment["lease"] == event.lease:
                     assignments.append((event.worker_id, assignment))
             elif isinstance(event, WorkerLost):

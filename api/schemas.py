@@ -1,4 +1,6 @@
-"""Request and response bodies of the REST contract (they make the OpenAPI document)."""
+"""Request and response bodies of the REST contract (they make the OpenAPI document).
+
+The shapes the SDKs read too (a job, an acceptance, an assignment) are in `dispatch.wire`."""
 
 from __future__ import annotations
 
@@ -68,55 +70,12 @@ class JobBatch(_Body):
     jobs: list[JobSubmission] = Field(min_length=1, max_length=10_000)
 
 
-class Accepted(BaseModel):
-    id: str
-    status: str
-    existing: bool = Field(False, description="True if this id was already known")
-
-
-class AcceptedBatch(BaseModel):
-    jobs: list[Accepted]
-
-
-class JobView(BaseModel):
-    id: str
-    client_id: str
-    exec: str
-    payload: Any
-    status: str
-    attempts: int
-    max_attempts: int
-    timeout_s: float
-    priority: int
-    not_before: float | None
-    worker_id: str | None
-    deadline: float | None
-    submitted_at: float
-    updated_at: float
-    result: Any
-    error: str | None
-    dead_reason: str | None
-
-
 class Poll(_Body):
     subjects: list[str] = Field(
         min_length=1, description="NATS-style patterns: `job.assign.image.*`"
     )
     credits: int = Field(ge=0, le=10_000, description="How many jobs the worker can take now")
     wait_s: float = Field(20.0, ge=0, le=60, description="Long-poll for up to this long")
-
-
-class Assignment(BaseModel):
-    id: str
-    exec: str
-    payload: Any
-    attempt: int
-    deadline: float
-    lease: str
-
-
-class Assignments(BaseModel):
-    assignments: list[Assignment]
 
 
 class Settle(_Body):
@@ -156,10 +115,6 @@ class SettledBatch(BaseModel):
 class HeartbeatAnswer(BaseModel):
     id: str
     deadline: float
-
-
-class JobList(BaseModel):
-    jobs: list[JobView]
 
 
 class QueueView(BaseModel):

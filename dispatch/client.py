@@ -33,12 +33,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
+from dispatch import wire
+from dispatch.core.job import TERMINAL_STATUSES as _CORE_TERMINAL_STATUSES
+
+# The answers about jobs are the server's own classes (`dispatch.wire`), under the SDK's names.
+Job = wire.JobView
+"""A job as the API shows it: its fields, and `terminal`."""
+Accepted = wire.Accepted
+"""A submission Kafka holds (`existing` false), or the existing job of a known id."""
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 MAX_BATCH = 1000
 """Jobs per `POST /v1/jobs:batch` request sent by `submit_many`."""
 MAX_WAIT_PER_REQUEST_S = 60.0
 """The server's cap on `?wait=`; longer waits are made of several long-polls."""
-TERMINAL_STATUSES = frozenset({"succeeded", "dead", "cancelled"})
+TERMINAL_STATUSES: frozenset[str] = frozenset(status.value for status in _CORE_TERMINAL_STATUSES)
+"""The core's terminal statuses, as the strings `Job.status` holds."""
 STREAM_PATH = "/v1/stream"
 STREAM_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 """The largest message the SDK reads from `WS /v1/stream`. websockets' default (1 MiB) is less
@@ -465,44 +475,12 @@ class _Base:
 
 
 # --- what the API answers -------------------------------------------------------------------
+# `Job` and `Accepted` (top of the module) are `dispatch.wire`'s, shared with the server.
 
 
 class _Answer(BaseModel):
     # Fields a newer server adds must not break an older SDK.
     model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class Accepted(_Answer):
-    id: str
-    status: str
-    existing: bool = False
-
-
-class Job(_Answer):
-    """A job as the API shows it: status, attempts, result or error."""
-
-    id: str
-    client_id: str
-    exec: str
-    payload: Any = None
-    status: str
-    attempts: int
-    max_attempts: int
-    timeout_s: float
-    priority: int = 0
-    not_before: float | None = None
-    worker_id: str | None = None
-    deadline: float | None = None
-    submitted_at: float
-    updated_at: float
-    result: Any = None
-    error: str | None = None
-    dead_reason: str | None = None
-
-    @property
-    def terminal(self) -> bool:
-        """Succeeded, dead or cancelled: the job will not change unless redriven."""
-        return self.status in TERMINAL_STATUSES
 
 
 class QueueStats(_Answer):
@@ -560,6 +538,14 @@ def _model(kind: type[M]) -> Callable[[httpx.Response], M]:
     return parse
 
 
+def _accepted_batch(response: httpx.Response) -> list[Accepted]:
+    return list(wire.AcceptedBatch.model_validate(response.json()).jobs)
+
+
+def _job_list(response: httpx.Response) -> list[Job]:
+    return list(wire.JobList.model_validate(response.json()).jobs)
+
+
 def _models(kind: type[M], key: str) -> Callable[[httpx.Response], list[M]]:
     def parse(response: httpx.Response) -> list[M]:
         return [kind.model_validate(item) for item in response.json()[key]]
@@ -606,7 +592,7 @@ class _Calls:
 
     @staticmethod
     def submit_batch(bodies: list[dict[str, Any]]) -> _Call[list[Accepted]]:
-        return _Call("POST", "/v1/jobs:batch", _models(Accepted, "jobs"), body={"jobs": bodies})
+        return _Call("POST", "/v1/jobs:batch", _accepted_batch, body={"jobs": bodies})
 
     @staticmethod
     def get(job_id: str, wait_s: float = 0.0, timeout_s: float | None = None) -> _Call[Job]:
@@ -624,7 +610,7 @@ class _Calls:
         params: dict[str, Any] = {"limit": limit}
         if exec_name is not None:
             params["exec"] = exec_name
-        return _Call("GET", "/v1/dlq", _models(Job, "jobs"), params=params)
+        return _Call("GET", "/v1/dlq", _job_list, params=params)
 
     @staticmethod
     def redrive(job_id: str) -> _Call[Job]:

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dispatch import wire
+
 
 class Retry(Exception):
     """Fail this attempt as retryable: the job runs again (attempt + 1) if attempts remain,
@@ -19,30 +21,18 @@ class PermanentError(Exception):
     attempts remain."""
 
 
-@dataclass(frozen=True)
-class Assignment:
-    """One attempt at a job, as a handler receives it. `deadline` is the leader's clock
-    (epoch seconds); heartbeats move it while the handler runs."""
+class Assignment(wire.Assignment):
+    """One attempt at a job, as a handler receives it: the wire assignment (`id, exec,
+    payload, attempt, deadline, lease`) and the id of the worker running it. `deadline` is
+    the leader's clock (epoch seconds); heartbeats move it while the handler runs."""
 
-    id: str
-    exec: str
-    payload: Any
-    attempt: int
-    deadline: float
-    lease: str
     worker_id: str
 
     @classmethod
     def from_message(cls, message: Mapping[str, Any], worker_id: str) -> Assignment:
-        return cls(
-            id=str(message["id"]),
-            exec=str(message["exec"]),
-            payload=message.get("payload"),
-            attempt=int(message["attempt"]),
-            deadline=float(message["deadline"]),
-            lease=str(message["lease"]),
-            worker_id=worker_id,
-        )
+        """Read an assignment as the leader sends it (REST poll, WebSocket `assign`);
+        a `ValueError` (pydantic's `ValidationError`) names what is missing or malformed."""
+        return cls.model_validate({**message, "worker_id": worker_id})
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ from fastapi import APIRouter, Query
 from api.deps import AdminDep, AnyoneDep, NodeDep
 from api.hub import public_job
 from api.leader import LeaderUnavailable
-from api.schemas import JobList, JobView, LeaderView, QueueList, WorkerList, error_responses
+from api.schemas import LeaderView, QueueList, WorkerList, error_responses
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import Event
+from dispatch.wire import JobList, JobView
 
 router = APIRouter(prefix="/v1", tags=["operations"])
 

@@ -15,17 +15,11 @@ from api.errors import ApiError
 from api.hub import public_job
 from api.leader import LeaderUnavailable
 from api.node import Node
-from api.schemas import (
-    Accepted,
-    AcceptedBatch,
-    JobBatch,
-    JobSubmission,
-    JobView,
-    error_responses,
-)
+from api.schemas import JobBatch, JobSubmission, error_responses
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.job import TERMINAL_STATUSES
+from dispatch.wire import Accepted, AcceptedBatch, JobView
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 

@@ -23,7 +23,6 @@ from api.leader import LeaderUnavailable
 from api.schemas import (
     Ack,
     AckBatch,
-    Assignments,
     Fail,
     HeartbeatAnswer,
     Poll,
@@ -34,6 +33,7 @@ from api.schemas import (
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import RejectCode, Rejected
 from dispatch.core.events import Event
+from dispatch.wire import Assignments
 
 router = APIRouter(prefix="/v1", tags=["workers"])
 

@@ -49,5 +49,5 @@ def test_an_assignment_is_read_from_the_wire() -> None:
     assert Assignment.from_message(message, "w1") == Assignment(
         id="j", exec="a.b", payload={"x": 1}, attempt=2, deadline=12.5, lease="L", worker_id="w1"
     )
-    with pytest.raises(KeyError):
+    with pytest.raises(ValueError, match="attempt"):
         Assignment.from_message({"id": "j"}, "w1")

@@ -1,0 +1,118 @@
+"""The wire contract of a job, a submission's acceptance and an assignment: the JSON shapes
+the server sends and the SDKs read, defined once.
+
+The server answers with these models (`response_model=` of the routes, so they make the
+OpenAPI document) and pushes what `job_view_of` and `assignment_of` encode (the WebSocket
+`result`, `assign` and `assign_many` messages, the REST poll); the client SDK reads them
+with the same models (`dispatch.client.Job` is `JobView`), and the worker SDK's
+`worker.Assignment` is `Assignment` plus the id of the worker that received it.
+
+Encoders are dict builders, not model instances: they run on the leader's loop thread for
+every assignment and finished job, where building and dumping a model would cost several
+times more. `tests/unit/test_wire.py` holds them to the models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dispatch.core.job import TERMINAL_STATUSES, JobRecord
+
+
+class _Answer(BaseModel):
+    # Fields a newer server adds must not break an older SDK; answers are values.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _SentInFull(_Answer):
+    """A shape whose every field the server always sends. The defaults below serve only
+    readers (an SDK user building one by hand, a field an older server lacked); the OpenAPI
+    document still says every field is required."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
+class Accepted(_Answer):
+    """A submission Kafka holds (`202`), or the existing job of a known id (`200`)."""
+
+    id: str
+    status: str
+    existing: bool = Field(False, description="True if this id was already known")
+
+
+class AcceptedBatch(_Answer):
+    jobs: list[Accepted]
+
+
+class JobView(_SentInFull):
+    """A job as the API shows it: status, attempts, result or error. Never its lease token
+    (a worker's secret). Times are epoch seconds."""
+
+    id: str
+    client_id: str
+    exec: str
+    payload: Any = None
+    status: str
+    attempts: int
+    max_attempts: int
+    timeout_s: float
+    priority: int = 0
+    not_before: float | None = None
+    worker_id: str | None = None
+    deadline: float | None = None
+    submitted_at: float
+    updated_at: float
+    result: Any = None
+    error: str | None = None
+    dead_reason: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """Succeeded, dead or cancelled: the job will not change unless redriven."""
+        return self.status in TERMINAL_STATUSES
+
+
+class JobList(_Answer):
+    jobs: list[JobView]
+
+
+class Assignment(_SentInFull):
+    """One attempt at a job, as the leader hands it to a worker. `deadline` is the leader's
+    clock (epoch seconds); `attempt` and `lease` settle it."""
+
+    id: str
+    exec: str
+    payload: Any = None
+    attempt: int
+    deadline: float
+    lease: str
+
+
+class Assignments(_Answer):
+    assignments: list[Assignment]
+
+
+_JOB_VIEW_FIELDS = tuple(JobView.model_fields)
+
+
+def job_view_of(job: JobRecord) -> dict[str, Any]:
+    """The `JobView` of a core record, as JSON-able values: the record without its lease
+    token and queue position."""
+    record = job.to_dict()
+    return {name: record[name] for name in _JOB_VIEW_FIELDS}
+
+
+def assignment_of(job: JobRecord) -> dict[str, Any]:
+    """The `Assignment` of a running job's current attempt."""
+    if job.lease is None or job.deadline is None:
+        raise ValueError(f"job {job.id!r} is {job.status.value}: only a running job is assigned")
+    return {
+        "id": job.id,
+        "exec": job.exec,
+        "payload": job.payload,
+        "attempt": job.attempts,
+        "deadline": job.deadline,
+        "lease": job.lease,
+    }

@@ -18,7 +18,7 @@ from api import errors
 from api.auth import KeyRing
 from api.deps import get_node, get_principal
 from api.node import Node
-from api.routes import admin, jobs, stream, ui, workers
+from api.routes import admin, jobs, stream, tenants, ui, workers
 from api.schemas import ErrorBody, NotLeaderBody, ValidationErrorBody
 from api.submit_fast_path import SubmitFastPath
 from dispatch.settings import Settings
@@ -44,8 +44,10 @@ def create_app(settings: Settings, node: Node, keyring: KeyRing) -> FastAPI:
     )
     app.state.node = node
     app.state.keyring = keyring
+    # The per-tenant series' bound is a setting; Node builds its Metrics without settings.
+    node.metrics.tenant_series = settings.tenants.metrics_clients
     errors.install(app)
-    routers = (jobs.router, workers.router, admin.router, stream.router, ui.router)
+    routers = (jobs.router, workers.router, admin.router, tenants.router, stream.router, ui.router)
     for router in routers:
         app.include_router(router)
 

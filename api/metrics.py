@@ -18,6 +18,7 @@ from dispatch.core.events import (
     Reassigned,
     Requeued,
 )
+from dispatch.core.queries import ClientLoad
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 MAX_EXEC_LABELS = 100
@@ -31,11 +32,50 @@ QUEUE_DEPTH_EVERY_S = 0.5
 """With more than MAX_EXEC_LABELS exec queues, the queue depth gauges are refreshed at most
 this often (a refresh walks every queue, and the leader commits hundreds of times a
 second); with fewer, after every commit."""
+TENANT_SERIES = 20
+"""Clients with `dispatch_tenant_*` series of their own unless settings say otherwise
+(`tenants.metrics_clients`): those with the most queued jobs, then the most running."""
+OTHER_CLIENTS = "other"
+"""The `client` label of the sum of every other client (a client named "other" is always in
+it, so the label is never ambiguous)."""
+TENANT_WALK_EVERY_COMMIT = 2_000
+"""While the last refresh of the per-tenant gauges walked at most this many client lanes,
+delayed and running jobs (`Dispatcher.client_loads`; ~1 ms), they are refreshed after every commit,
+so they are exact; beyond it, at most every TENANT_LOAD_EVERY_S (the leader commits hundreds
+of times a second), and an idle leader may show the state of up to that long before its last
+commit."""
+TENANT_LOAD_EVERY_S = 1.0
+
+
+def top_clients(
+    loads: dict[str, ClientLoad], limit: int
+) -> tuple[dict[str, ClientLoad], ClientLoad, int]:
+    """The `limit` clients with the most queued jobs (then running jobs, then by id), and the
+    sum and number of all the others: at most `limit` + 1 series whatever the client count."""
+    ranked = sorted(
+        (client for client in loads if client != OTHER_CLIENTS),
+        key=lambda client: (-loads[client].queued, -loads[client].running, client),
+    )
+    kept = {client: loads[client] for client in ranked[:limit]}
+    rest = ClientLoad()
+    others = 0
+    for client, load in loads.items():
+        if client not in kept:
+            rest.add(load)
+            others += 1
+    return kept, rest, others
 
 
 class Metrics:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, tenant_series: int = TENANT_SERIES
+    ) -> None:
         self._clock = clock
+        self.tenant_series = tenant_series
+        """Clients with series of their own (the rest are summed under OTHER_CLIENTS)."""
+        self._tenants_refreshed_at: float | None = None
+        self._tenant_walk = 0
+        self._tenant_labels: set[str] = set()
         self._depth_refreshed_at: float | None = None
         self._queue_count = 0
         self._exec_labels: set[str] = set()
@@ -65,6 +105,24 @@ class Metrics:
             "dispatch_commit_seconds",
             "Kafka transaction commit time of one loop iteration",
             buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+        self.tenant_queued = Gauge(
+            "dispatch_tenant_queued",
+            "Queued jobs per client (the deepest clients; the rest summed as client=other)",
+            ["client"],
+            registry=registry,
+        )
+        self.tenant_running = Gauge(
+            "dispatch_tenant_running",
+            "Running jobs per client (the deepest clients; the rest summed as client=other)",
+            ["client"],
+            registry=registry,
+        )
+        self.tenant_other_clients = Gauge(
+            "dispatch_tenant_other_clients",
+            "Clients with queued or running jobs summed under client=other",
             registry=registry,
         )
 
@@ -109,6 +167,29 @@ class Metrics:
         ):
             self._depth_refreshed_at = now
             self.refresh_queue_depth(core)
+        tenants_at = self._tenants_refreshed_at
+        if (
+            tenants_at is None
+            or self._tenant_walk <= TENANT_WALK_EVERY_COMMIT
+            or now - tenants_at >= TENANT_LOAD_EVERY_S
+        ):
+            self._tenants_refreshed_at = now
+            self.refresh_tenants(core)
+
+    def refresh_tenants(self, core: Dispatcher) -> None:
+        """Set the `dispatch_tenant_*` gauges: the top `tenant_series` clients by queue depth
+        and one `other` series; clients that left the top lose their series."""
+        loads = core.client_loads()
+        self._tenant_walk = loads.visited
+        kept, rest, others = top_clients(loads.per_client(), self.tenant_series)
+        for gone in self._tenant_labels - kept.keys():
+            self.tenant_queued.remove(gone)
+            self.tenant_running.remove(gone)
+        self._tenant_labels = set(kept)
+        for client, load in [*kept.items(), (OTHER_CLIENTS, rest)]:
+            self.tenant_queued.labels(client).set(load.queued)
+            self.tenant_running.labels(client).set(load.running)
+        self.tenant_other_clients.set(others)
 
     def refresh_queue_depth(self, core: Dispatcher) -> None:
         """Set `dispatch_queue_depth` from the core's queues, within MAX_EXEC_LABELS."""

@@ -9,6 +9,7 @@ the environment variable that sets it, so a typo fails at start, not an hour lat
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tomllib
@@ -367,6 +368,44 @@ class DispatcherSettings(_Section):
         return self
 
 
+class TenantSettings(_Section):
+    """Per-tenant service levels: how long a client's jobs may wait in their queue (from
+    entering it to their assignment) before the wait counts as a breach (`GET /v1/tenants`,
+    docs/streaming.md, *Tenant SLAs*), and how many clients get series of their own on
+    `/metrics`."""
+
+    wait_target_s: float = 5.0
+    """The queue-wait target of every client `wait_targets` does not name."""
+    wait_targets: dict[str, float] = Field(default_factory=dict)
+    """Per-client targets: client_id = seconds."""
+    metrics_clients: int = Field(20, ge=1, le=1000)
+    """Clients with their own `dispatch_tenant_*` series (the deepest queues); the others are
+    summed under one `other` series, so any number of client ids keeps /metrics small."""
+
+    @field_validator("wait_target_s")
+    @classmethod
+    def _positive_target(cls, value: float) -> float:
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"a wait target must be a positive number of seconds, got {value}")
+        return value
+
+    @field_validator("wait_targets")
+    @classmethod
+    def _positive_targets(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {
+            client: target
+            for client, target in value.items()
+            if not (math.isfinite(target) and target > 0)
+        }
+        if bad:
+            raise ValueError(f"every wait target must be a positive number of seconds, got {bad}")
+        return value
+
+    def wait_target_for(self, client_id: str) -> float:
+        """The client's queue-wait target in seconds."""
+        return self.wait_targets.get(client_id, self.wait_target_s)
+
+
 class LeaseSettings(_Section):
     ttl_s: float = Field(3.0, gt=0)
     renew_every_s: float = Field(0.5, gt=0)
@@ -449,6 +488,7 @@ class Settings(BaseSettings):
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    tenants: TenantSettings = Field(default_factory=TenantSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -10,6 +10,10 @@ const KEY_STORAGE = "dispatch.apiKey";
 const POLL_MS = 1000;
 const HISTORY_WINDOW_S = 300;
 const LIST_LIMIT = 50;
+// The tenants' figures come from the Delta statistics (a roll-up of minutes): reading them
+// every second would cost the node a table read a second for nothing new.
+const TENANTS_EVERY_MS = 10000;
+const TENANTS_MINUTES = 15;
 
 const $ = (id) => document.getElementById(id);
 
@@ -22,6 +26,7 @@ const state = {
   lastPointT: null,
   clockOffsetS: 0, // server clock - browser clock, for "3 s ago" that ignores skew
   lookupId: null,
+  tenantsAt: 0, // when the tenants were last asked for (browser ms)
 };
 
 class ApiError extends Error {
@@ -284,6 +289,53 @@ function showFinished(jobs) {
   ]);
 }
 
+function waitText(seconds) {
+  return typeof seconds === "number" ? duration(seconds) : "–";
+}
+
+function showTenants(listing) {
+  const tenants = listing.tenants;
+  const breaching = tenants.filter((tenant) => tenant.breaches > 0).length;
+  $("tenants-count").textContent = breaching ? `(${tenants.length}, ${breaching} over target)` : `(${tenants.length})`;
+  $("tenants-window").textContent = `queue waits against each client's target, last ${listing.minutes} min`;
+  // Clients over their target first, most breaches first; the rest by id.
+  const ordered = [...tenants].sort((a, b) => b.breaches - a.breaches || (a.client_id < b.client_id ? -1 : 1));
+  const overTarget = (tenant, seconds) => typeof seconds === "number" && seconds > tenant.wait_target_s;
+  const wait = (key) => ({
+    className: "num",
+    render(cell, tenant) {
+      const text = waitText(tenant[key]);
+      if (cell.textContent !== text) cell.textContent = text;
+      cell.classList.toggle("over", overTarget(tenant, tenant[key]));
+    },
+  });
+  syncRows($("tenants"), ordered, (tenant) => tenant.client_id, [
+    {
+      className: "id",
+      text: (tenant) => tenant.client_id,
+      title: (tenant) => tenant.execs.map((row) => `${row.exec}: ${row.breaches} breaches of ${row.queue_wait_n}`).join("\n"),
+    },
+    { className: "num", text: (tenant) => String(tenant.queued) },
+    { className: "num", text: (tenant) => String(tenant.running) },
+    { className: "num", text: (tenant) => String(tenant.submitted) },
+    { className: "num", text: (tenant) => String(tenant.completed) },
+    { className: "num", text: (tenant) => String(tenant.dead) },
+    wait("queue_wait_p50_s"),
+    wait("queue_wait_p95_s"),
+    wait("queue_wait_p99_s"),
+    { className: "num", text: (tenant) => duration(tenant.wait_target_s) },
+    {
+      className: "num breaches",
+      render(cell, tenant) {
+        const text = String(tenant.breaches);
+        if (cell.textContent !== text) cell.textContent = text;
+        cell.closest("tr").dataset.breaching = tenant.breaches > 0 ? "yes" : "no";
+        cell.title = `${tenant.breaches} of ${tenant.queue_wait_n} waits over ${duration(tenant.wait_target_s)}`;
+      },
+    },
+  ]);
+}
+
 function showLeader(leader, overview) {
   const box = $("leader");
   $("node-address").textContent = leader?.node ?? overview?.node ?? "–";
@@ -433,16 +485,21 @@ function authFailed(error) {
 async function refresh() {
   if (!state.key) return;
   const since = state.lastPointT === null ? "" : `&since=${state.lastPointT}`;
+  const tenantsDue = Date.now() - state.tenantsAt >= TENANTS_EVERY_MS;
+  if (tenantsDue) state.tenantsAt = Date.now();
   const calls = await Promise.allSettled([
     api("/v1/leader"),
     api("/v1/queues"),
     api("/v1/workers"),
     api(`/v1/dlq?limit=${LIST_LIMIT}`),
     api(`/v1/overview?limit=${LIST_LIMIT}${since}`),
+    tenantsDue ? api(`/v1/tenants?minutes=${TENANTS_MINUTES}`) : Promise.resolve(null),
   ]);
-  const [leader, queues, workers, deadLetters, overview] = calls.map((call) =>
+  const [leader, queues, workers, deadLetters, overview, tenants] = calls.map((call) =>
     call.status === "fulfilled" ? call.value : null,
   );
+  // A failed read is asked for again at the next refresh, not in ten seconds.
+  if (tenantsDue && tenants === null) state.tenantsAt = 0;
   const errors = calls.filter((call) => call.status === "rejected").map((call) => call.reason);
   for (const error of errors) if (authFailed(error)) return;
 
@@ -458,6 +515,7 @@ async function refresh() {
   if (queues) showQueues(queues.queues);
   if (workers) showWorkers(workers.workers);
   if (deadLetters) showDeadLetters(deadLetters.jobs);
+  if (tenants) showTenants(tenants);
   drawCharts();
   try {
     await showLookup();
@@ -511,6 +569,7 @@ function refreshNow() {
 
 function startPolling() {
   state.running = true;
+  state.tenantsAt = 0;
   document.body.dataset.auth = "set";
   setConnection("connecting", "connecting…");
   refreshNow();

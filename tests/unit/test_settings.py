@@ -163,3 +163,42 @@ def test_a_profile_may_not_move_var(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setenv("DISPATCH_PROFILE", "elsewhere")
     with pytest.raises(ConfigError, match=r"paths\.var"):
         load_settings()
+
+
+def test_tenant_wait_targets_have_a_default_and_per_client_overrides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().tenants.wait_target_for("anyone") == 5.0
+    monkeypatch.setenv("DISPATCH_TENANTS__WAIT_TARGET_S", "3.5")
+    monkeypatch.setenv("DISPATCH_TENANTS__WAIT_TARGETS", '{"acme": 2.0}')
+    tenants = load_settings().tenants
+    assert tenants.wait_target_for("acme") == 2.0
+    assert tenants.wait_target_for("globex") == 3.5
+    assert tenants.metrics_clients == 20
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "setting"),
+    [
+        ("DISPATCH_TENANTS__WAIT_TARGET_S", "0", "tenants.wait_target_s"),
+        ("DISPATCH_TENANTS__WAIT_TARGET_S", "inf", "tenants.wait_target_s"),
+        ("DISPATCH_TENANTS__WAIT_TARGETS", '{"acme": -1}', "tenants.wait_targets"),
+        ("DISPATCH_TENANTS__WAIT_TARGETS", '{"acme": NaN}', "tenants.wait_targets"),
+        ("DISPATCH_TENANTS__METRICS_CLIENTS", "0", "tenants.metrics_clients"),
+    ],
+)
+def test_a_wait_target_must_be_a_positive_finite_time(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, setting: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as raised:
+        load_settings()
+    assert setting in str(raised.value)
+    assert variable in str(raised.value)
+
+
+def test_tenant_targets_travel_to_another_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = load_settings(tenants={"wait_targets": {"acme": 0.25}, "metrics_clients": 3})
+    for name, value in to_environment(original).items():
+        monkeypatch.setenv(name, value)
+    assert load_settings().tenants == original.tenants

@@ -15,12 +15,12 @@ from pydantic import BaseModel
 from starlette.routing import BaseRoute
 
 from api import errors
-from api.auth import KeyRing
 from api.deps import get_node, get_principal
 from api.node import Node
 from api.routes import admin, jobs, stream, tenants, ui, workers
 from api.schemas import ErrorBody, NotLeaderBody, ValidationErrorBody
 from api.submit_fast_path import SubmitFastPath
+from dispatch.auth import KeyRing
 from dispatch.settings import Settings
 
 

@@ -7,9 +7,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from api.auth import KeyRing, Principal, Role
 from api.errors import ApiError
 from api.node import Node
+from dispatch.auth import KeyRing, Principal, Role
 
 
 async def get_node(request: Request) -> Node:

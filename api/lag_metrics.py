@@ -2,7 +2,7 @@
 seconds (a Kafka round trip and a delta-rs read each time).
 
 The lag is Kafka's end offsets minus what the last committed batch recorded in `jobs`
-(`streaming.lag`); it tells an operator the Delta tables (and so the notebooks, and the
+(`dispatch.delta.lag`); it tells an operator the Delta tables (and so the notebooks, and the
 snapshot a new leader rebuilds from) are behind the log, and by how much.
 """
 
@@ -46,8 +46,8 @@ class LagGauges:
                 log.warning("measuring the streaming lag failed", exc_info=True)
 
     def _measure(self) -> None:
+        from dispatch.delta.lag import last_batch_age_s  # delta-rs
         from dispatch.warehouse import Warehouse
-        from streaming.lag import last_batch_age_s  # delta-rs
 
         if self._probe is None:
             self._probe = self.io.open_lag_source("dispatch-api-lag")

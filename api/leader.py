@@ -13,7 +13,7 @@ request fails with `LeaderUnavailable`, and the node builds a fresh leader from 
 A term exists only while its node holds the group's lease (`api.election`): the term is given
 the lease's epoch (stamped on every event it writes) and a `serving_until` clock it checks
 before each commit, so a leader whose lease could have expired somewhere decides nothing more.
-The rebuild starts from the newest Delta snapshot of `jobs` (see `streaming.snapshot`) and
+The rebuild starts from the newest Delta snapshot of `jobs` (see `dispatch.delta.snapshot`) and
 replays only the log after its offsets; without one, it replays the whole log. When retention
 removed records the rebuild needs, the term refuses to lead (`LogGap`): a partial state is
 never served.
@@ -72,7 +72,7 @@ GROUP_OFFSETS_EVERY_S = 1.0
 tools; the position of record rides in the events log, see `api.kafka_log`)."""
 
 
-REBUILD_MODULES = ("streaming.snapshot", "pyarrow.dataset")
+REBUILD_MODULES = ("dispatch.delta.snapshot", "pyarrow.dataset")
 """What a rebuild imports on first use (delta-rs imports `pyarrow.dataset`, which brings
 pandas: a noticeable part of a first term's rebuild, BENCHMARKS.md, *Rebuild with 1,000,000
 jobs of history and 10,000 active*)."""

@@ -29,7 +29,7 @@ from dispatch.settings import Settings
 
 if TYPE_CHECKING:
     from api.kafka_log import SubmitRecord
-    from streaming.snapshot import Snapshot
+    from dispatch.delta.snapshot import Snapshot
 
 
 class TransactionalLog(Protocol):
@@ -155,8 +155,8 @@ class KafkaLeaderIO:
         return EventsReader(self.settings.kafka, client_id=client_id)
 
     def latest_snapshot(self, group: str) -> Snapshot | None:
+        from dispatch.delta.snapshot import latest_snapshot  # delta-rs only, no JVM
         from dispatch.warehouse import Warehouse
-        from streaming.snapshot import latest_snapshot  # delta-rs only, no JVM
 
         return latest_snapshot(Warehouse.of(self.settings), group)
 
@@ -166,6 +166,6 @@ class KafkaLeaderIO:
         return SubmitProducer(self.settings.kafka, client_id)
 
     def open_lag_source(self, client_id: str) -> LagSource | None:
-        from streaming.lag import LagProbe  # kafka-python + delta-rs
+        from dispatch.delta.lag import LagProbe  # kafka-python + delta-rs
 
         return LagProbe(self.settings, client_id=client_id)

@@ -33,7 +33,7 @@ from dispatch.settings import Settings
 from dispatch.submit_records import submit_record_value
 
 if TYPE_CHECKING:
-    from streaming.snapshot import Snapshot
+    from dispatch.delta.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 

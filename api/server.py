@@ -14,8 +14,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from api.app import create_app
-from api.auth import KeyRing
 from api.node import Node
+from dispatch.auth import KeyRing
 from dispatch.settings import Settings
 from dispatch.submit_records import ENVELOPE_BYTES
 

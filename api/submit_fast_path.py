@@ -21,12 +21,12 @@ import json
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.auth import KeyRing, Principal, Role
 from api.deps import bearer_principal
 from api.errors import ApiError, answer_for
 from api.node import Node
 from api.routes.jobs import accept, to_request
 from api.schemas import JobSubmission
+from dispatch.auth import KeyRing, Principal, Role
 
 PATH = "/v1/jobs"
 

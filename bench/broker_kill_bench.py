@@ -169,7 +169,7 @@ def kill_round(stack: LocalStack, load: Load, node_id: int, timeout_s: float) ->
 def run(
     kills: int, *, seed: int, every_s: float, settle_s: float, timeout_s: float
 ) -> dict[str, Any]:
-    from api.auth import ensure_dev_keys
+    from dispatch.auth import ensure_dev_keys
 
     rounds: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="dispatch-broker-kill-") as scratch:

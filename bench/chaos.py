@@ -281,7 +281,7 @@ class Chaos:
     """One run: the stack, the fleet, the load and the faults."""
 
     def __init__(self, options: ChaosOptions, settings: Settings, stack: LocalStack) -> None:
-        from api.auth import ensure_dev_keys
+        from dispatch.auth import ensure_dev_keys
 
         self.options, self.settings, self.stack = options, settings, stack
         self.keys = ensure_dev_keys(settings.auth)
@@ -395,8 +395,8 @@ class Chaos:
         return fault
 
     def _streaming(self, number: int, started: float, _fleet: WorkerFleet) -> FaultRecord:
-        from streaming import tables as t
-        from streaming.progress import latest_progress
+        from dispatch.delta import tables as t
+        from dispatch.delta.progress import latest_progress
 
         record = self.stack.streaming.record()
         if record is None:
@@ -526,8 +526,8 @@ def delta_statuses(
 
     Covered: `jobs` records it, or `events` does and the grace for that batch's `jobs` MERGE
     passed (a batch that changed no job may leave no `jobs` commit)."""
-    from streaming import tables as t
-    from streaming.progress import latest_progress
+    from dispatch.delta import tables as t
+    from dispatch.delta.progress import latest_progress
 
     topic = settings.kafka.events_topic
     warehouse = Warehouse.of(settings)

@@ -38,9 +38,9 @@ import httpx
 import websockets
 from kafka import KafkaConsumer, KafkaProducer
 
-from api.auth import ensure_dev_keys
 from api.kafka_log import replay_events
 from bench.stats import machine, percentiles
+from dispatch.auth import ensure_dev_keys
 from dispatch.core.events import Assigned, Completed
 from dispatch.settings import Settings, to_environment
 from dispatch.stack.broker import Broker, create_topics

@@ -327,8 +327,8 @@ def running_stack(settings: Settings, *, streaming: bool = True) -> Iterator[Loc
 def wait_for_first_snapshot(settings: Settings, timeout_s: float = 300.0) -> float:
     """Until the streaming fold committed its first batch (a failover then rebuilds from a
     snapshot, as in steady operation); returns the seconds waited."""
-    from streaming import tables as t
-    from streaming.progress import latest_progress
+    from dispatch.delta import tables as t
+    from dispatch.delta.progress import latest_progress
 
     started = time.monotonic()
     warehouse = Warehouse.of(settings)
@@ -526,7 +526,7 @@ class FailoverResult:
 def run_failover(
     kills: int, *, rate: float, workers: int, credits: int, warmup_s: float, settle_s: float
 ) -> FailoverResult:
-    from api.auth import ensure_dev_keys
+    from dispatch.auth import ensure_dev_keys
 
     with tempfile.TemporaryDirectory(prefix="dispatch-failover-bench-") as scratch:
         settings = stack_settings(Path(scratch))

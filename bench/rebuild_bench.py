@@ -292,7 +292,7 @@ def fold(spark: SparkSession, settings: Settings, fold_records: int) -> FoldRun:
 
 def compact_jobs(spark: SparkSession, settings: Settings) -> float:
     """`jobs` compacted by the application's maintenance, as the running stream does."""
-    from streaming import tables as t
+    from dispatch.delta import tables as t
     from streaming.maintenance import Maintenance
 
     started = time.perf_counter()
@@ -301,14 +301,14 @@ def compact_jobs(spark: SparkSession, settings: Settings) -> float:
 
 
 def jobs_files(settings: Settings, version: int) -> int:
-    from streaming import tables as t
+    from dispatch.delta import tables as t
 
     return len(Warehouse.of(settings).open(t.JOBS, version=version).file_uris())
 
 
 def build(spark: SparkSession, settings: Settings, shape: Shape, fold_records: int) -> BuildResult:
     """History → fold → compaction → active jobs → fold (the snapshot) → the tail."""
-    from streaming.snapshot import latest_snapshot
+    from dispatch.delta.snapshot import latest_snapshot
 
     span_s = (shape.history + shape.queued + shape.running) / shape.rate
     writer = EventsWriter(settings)
@@ -522,8 +522,8 @@ def time_event_log_init(settings: Settings) -> Took:
 def measure(settings: Settings, repeats: int, profile: bool) -> Measurement:
     """Leader terms first (the process as a new leader finds it), then each step alone."""
     load_average = os.getloadavg()
-    like_a_standby_node()  # imports streaming.snapshot, as a standby has before its term
-    from streaming.snapshot import latest_snapshot
+    like_a_standby_node()  # imports dispatch.delta.snapshot, as a standby has before its term
+    from dispatch.delta.snapshot import latest_snapshot
 
     runs = []
     for run in range(repeats):

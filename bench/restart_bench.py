@@ -219,7 +219,7 @@ def running_stack(scratch: Path) -> Iterator[LocalStack]:
 
 
 def run(rounds: int, *, down_s: float, every_s: float, settle_s: float) -> list[Round]:
-    from api.auth import ensure_dev_keys
+    from dispatch.auth import ensure_dev_keys
 
     results: list[Round] = []
     with (

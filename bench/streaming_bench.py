@@ -142,8 +142,8 @@ class FreshnessResult:
 
 def commits_of(warehouse: Warehouse, events_topic: str) -> list[tuple[float, dict[int, int]]]:
     """(commit time, events offsets covered) of every batch commit of `jobs`, oldest first."""
-    from streaming import tables as t
-    from streaming.progress import BATCH, Progress
+    from dispatch.delta import tables as t
+    from dispatch.delta.progress import BATCH, Progress
 
     out = []
     for commit in warehouse.open(t.JOBS).history():
@@ -208,8 +208,8 @@ def freshness(
     run_s: float = 1.0,
     fold_on: str = "auto",
 ) -> FreshnessResult:
+    from dispatch.delta.lag import streaming_lag
     from streaming.app import StreamOptions, start
-    from streaming.lag import streaming_lag
     from streaming.maintenance import MaintenancePolicy
 
     settings = with_namespace(settings, f"fresh-{int(rate)}", settings.paths.var.parent)
@@ -392,7 +392,7 @@ def bulk_history(spark: SparkSession, warehouse: Warehouse, count: int) -> None:
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from streaming import tables as t
+    from dispatch.delta import tables as t
 
     schema = t.spark_schema(t.JOBS)
     base = 1_700_000_000.0
@@ -443,10 +443,10 @@ def merge_cost(
 ) -> MergeResult:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-    from streaming import tables as t
+    from dispatch.delta import tables as t
+    from dispatch.delta.snapshot import latest_snapshot
     from streaming.app import topics_of
     from streaming.batch import BatchWriter
-    from streaming.snapshot import latest_snapshot
 
     settings = with_namespace(base, f"merge-{history}", base.paths.var.parent)
     warehouse = Warehouse.of(settings)

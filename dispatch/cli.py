@@ -188,7 +188,7 @@ def keys(
     role: Annotated[str | None, typer.Option(help="Print only this role's key.")] = None,
 ) -> None:
     """Print the local development API keys (created on first use; only hashes in config)."""
-    from api.auth import ensure_dev_keys
+    from dispatch.auth import ensure_dev_keys
 
     dev_keys = ensure_dev_keys(_settings().auth)
     if role is not None:

@@ -192,7 +192,7 @@ class LeaseTable:
         settings: LeaseSettings,
         storage_options: Mapping[str, str] | None = None,
     ) -> None:
-        # Not streaming.tables: that module describes the tables Spark writes; this one is
+        # Not dispatch.delta.tables: that module describes the tables Spark writes; this one is
         # delta-rs' alone (delta-rs cannot write every feature Spark may add).
         self.location = storage.join(warehouse, LEASES)
         """The table's location: an absolute path or a URI."""

@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from dispatch.delta import tables as t
+from dispatch.delta.progress import latest_progress
 from dispatch.settings import Settings
 from dispatch.storage import Location, is_object_store, local_path
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
 from streaming.batch import DRIVER, EXECUTORS, BatchWriter
 from streaming.decode import Topics
 from streaming.maintenance import Maintenance, MaintenancePolicy
-from streaming.progress import latest_progress
 from streaming.rollup import StatsRollup
 from streaming.session import configure_object_storage, is_local
 

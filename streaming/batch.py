@@ -45,15 +45,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dispatch.core.events import JobEvent
+from dispatch.delta import tables as t
+from dispatch.delta.job_rows import CLOSED, OPEN, JobKey, JobState, job_row, job_state
+from dispatch.delta.progress import BATCH, PRUNE, Committed, Offsets, Progress, latest_progress_of
+from dispatch.delta.stats import MinuteStats, StatsKey
 from dispatch.storage import Location
 from dispatch.warehouse import Warehouse
 from streaming import guard
-from streaming import tables as t
 from streaming.decode import (
     RECORD_ERRORS,
     KafkaRow,
     LoggedEvent,
-    Offsets,
     Refused,
     Topics,
     Undecodable,
@@ -74,24 +76,16 @@ from streaming.decode import (
 )
 from streaming.delta_commits import DeltaCommits
 from streaming.fold import (
-    CLOSED,
-    OPEN,
     BatchFold,
-    JobKey,
-    JobState,
     archived_row,
     fence_batch,
     fold_batch,
-    job_row,
-    job_state,
     place,
     prune_groups,
     touched_jobs,
 )
 from streaming.planned import JOBS_SOURCE, Planned
-from streaming.progress import BATCH, PRUNE, Committed, Progress, latest_progress_of
 from streaming.rollup import StatsRollup, stats_row
-from streaming.stats import MinuteStats, StatsKey
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

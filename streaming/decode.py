@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dispatch.core.events import Event, JobEvent
+from dispatch.delta import tables as t
+from dispatch.delta.progress import Offsets
 from dispatch.event_records import decode_batch
 from dispatch.submit_records import Rejection
 from streaming import guard
-from streaming import tables as t
 
 UTC = dt.UTC
 
@@ -49,10 +50,6 @@ class KafkaRow:
     value: bytes | None
     timestamp: dt.datetime
     """The record's Kafka timestamp (producer create time), UTC."""
-
-
-Offsets = dict[str, dict[int, int]]
-"""topic -> partition -> next offset to read (the Kafka convention for a position)."""
 
 
 def kafka_rows(columns: Mapping[str, Sequence[Any]]) -> list[KafkaRow]:

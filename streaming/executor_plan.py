@@ -38,16 +38,17 @@ import pyarrow.compute as pc
 
 from dispatch.core.events import LeaderElected, Pruned
 from dispatch.core.fence import EpochFence
-from streaming import tables as t
+from dispatch.delta import tables as t
+from dispatch.delta.job_rows import OPEN, JobKey
+from dispatch.delta.progress import Offsets
 from streaming.decode import (
     KafkaRow,
-    Offsets,
     Refused,
     decode_events,
     kafka_rows,
     screen_events,
 )
-from streaming.fold import OPEN, BatchFold, JobKey
+from streaming.fold import BatchFold
 from streaming.partition_fold import (
     EVENT_KIND,
     FOLD_INPUT,

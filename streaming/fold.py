@@ -25,9 +25,8 @@ its latest attempt started).
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from dispatch.core.errors import InvalidTransition
@@ -44,150 +43,15 @@ from dispatch.core.events import (
     Requeued,
 )
 from dispatch.core.fence import EpochFence
-from dispatch.core.job import DeadReason, JobRecord, JobStatus
 from dispatch.core.reducer import fold_job_events
+from dispatch.delta.job_rows import (
+    CLOSED_STATUSES,
+    JobKey,
+    JobState,
+    job_row,
+)
+from dispatch.delta.stats import StatsAccumulator
 from streaming.decode import LoggedEvent, Refused
-from streaming.stats import StatsAccumulator
-
-OPEN = "open"
-"""`jobs.part` of queued, running and dead jobs: the only rows later events can change."""
-CLOSED = "closed"
-"""`jobs.part` of succeeded and cancelled jobs: final until the leader prunes them."""
-_CLOSED_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.CANCELLED})
-
-JobKey = tuple[str, str]
-"""(dispatch group, job id)."""
-
-
-@dataclass(slots=True)
-class JobState:
-    """A job's core record plus the two timestamps the statistics need."""
-
-    record: JobRecord
-    queued_at: float | None = None
-    started_at: float | None = None
-
-    @property
-    def part(self) -> str:
-        return CLOSED if self.record.status in _CLOSED_STATUSES else OPEN
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"))
-
-
-def _unjson(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-JOB_RECORD_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(JobRecord))
-"""The columns of `jobs` that are `JobRecord.to_dict()` (payload and result as JSON text)."""
-
-
-def job_row(group: str, state: JobState) -> dict[str, Any]:
-    """The `jobs` row of a job (payload and result as JSON text)."""
-    row = state.record.to_dict()
-    row["payload"] = _json(row["payload"])
-    row["result"] = _json(row["result"])
-    row["dispatch_group"] = group
-    row["queued_at"] = state.queued_at
-    row["started_at"] = state.started_at
-    row["part"] = state.part
-    return row
-
-
-def job_state(row: Mapping[str, Any]) -> tuple[JobKey, JobState]:
-    """Read a `jobs` row back: the record goes through `JobRecord.from_dict` (validated)."""
-    data = {name: row[name] for name in JOB_RECORD_COLUMNS}
-    data["payload"] = _unjson(data["payload"])
-    data["result"] = _unjson(data["result"])
-    record = JobRecord.from_dict(data)
-    key = (str(row["dispatch_group"]), record.id)
-    return key, JobState(record, row.get("queued_at"), row.get("started_at"))
-
-
-def record_from_row(row: Mapping[str, Any]) -> JobRecord:
-    """Just the core record of a `jobs` (or `jobs_archive`) row."""
-    return job_state(row)[1].record
-
-
-_STATUSES: dict[str | None, JobStatus] = {status.value: status for status in JobStatus}
-_DEAD_REASONS: dict[str | None, DeadReason] = {reason.value: reason for reason in DeadReason}
-
-
-def records_from_arrow(table: Any) -> list[JobRecord]:
-    """The core records of `jobs` rows in an Arrow table, column by column.
-
-    Far faster than `JobRecord.from_dict` per row (BENCHMARKS.md, *Rebuild with 1,000,000
-    jobs of history*, `latest_snapshot`): the rows were written from records the core made,
-    so the field-by-field parsing is skipped (and `Dispatcher.restore` checks each record's
-    status against its fields).
-    Each column becomes Python values in one pass (in Arrow where it can), and the records
-    are built by `map`, with no Python code per row but JobRecord's own `__init__`."""
-    columns: list[list[Any]] = []
-    for name in JOB_RECORD_COLUMNS:  # JobRecord's fields in constructor order
-        column = table.column(name)
-        if name in _SHARED:
-            columns.append(_shared_values(column, _SHARED[name]))
-        elif name in _JSON:
-            columns.append(_json_values(column, name))
-        else:
-            columns.append(column.to_pylist())
-    return list(map(JobRecord, *columns))
-
-
-def _shared_values(column: Any, names: Mapping[str | None, Any] | None) -> list[Any]:
-    """`column.to_pylist()` for a string column of few distinct values, with one Python
-    object per distinct value, mapped through `names` if given (KeyError names a value it
-    does not have, NULL being None, as a lookup per row did).
-
-    Arrow finds the distinct values, so only they become Python objects: faster than a
-    string per row, and a million rows share a handful of objects, as the core's interned
-    exec names and client ids do anyway."""
-    import pyarrow.compute as pc
-
-    encoded = pc.dictionary_encode(column.combine_chunks())
-    distinct: list[Any] = encoded.dictionary.to_pylist()
-    if encoded.null_count:
-        distinct.append(None)  # the index NULL gets below
-    if names is not None:
-        distinct = [names[value] for value in distinct]
-    if len(distinct) == 1:
-        return distinct * len(column)  # one exec, no dead job...: no index to look up
-    indices = pc.fill_null(encoded.indices, len(distinct) - 1).to_pylist()
-    return list(map(distinct.__getitem__, indices))
-
-
-def _json_values(column: Any, name: str) -> list[Any]:
-    """The JSON texts of a column as Python values (NULL and JSON null both mean None).
-
-    One JSON document for the whole column, joined in Arrow: a `json.loads` per value, or
-    a Python string per value to join, would cost more than the parsing."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    # large_string: the joined text of a big column may pass the 2 GiB of a string value.
-    texts = pc.fill_null(column, "null").cast(pa.large_string()).combine_chunks()
-    whole = pa.LargeListArray.from_arrays(pa.array([0, len(texts)], pa.int64()), texts)
-    joined = pc.binary_join(whole, pa.scalar(",", pa.large_string()))[0].as_py()
-    values: list[Any] = json.loads("[" + joined + "]")
-    rows = len(column)
-    if len(values) != rows:
-        # A text holding more than one JSON value (never written by `job_row`).
-        raise ValueError(f"jobs.{name}: {len(values)} JSON values in {rows} rows")
-    return values
-
-
-_SHARED: dict[str, Mapping[str | None, Any] | None] = {
-    "client_id": None,
-    "exec": None,
-    "status": _STATUSES,
-    "worker_id": None,
-    "dead_reason": {None: None, **_DEAD_REASONS},
-}
-"""String columns of few distinct values, and what each value stands for (None: itself)."""
-_JSON = frozenset({"payload", "result"})
-
 
 # --- the fence ---------------------------------------------------------------------------
 
@@ -470,7 +334,7 @@ class _JobWalk:
             record = self.record
             if (
                 record is not None
-                and record.status in _CLOSED_STATUSES
+                and record.status in CLOSED_STATUSES
                 and record.updated_at <= prune.before
             ):
                 assert self.life is not None

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from dispatch.core.bounds import check_json_value
 from dispatch.core.events import EVENT_TYPES, Completed, Enqueued, Event
-from streaming import tables as t
+from dispatch.delta import tables as t
 
 MIN_TIME_S = 0.0
 """Earliest event time the tables take (1970-01-01): the leader writes the current time, so an

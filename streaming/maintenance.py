@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from streaming import tables as t
+from dispatch.delta import tables as t
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -31,7 +31,8 @@ from typing import Any
 import pyarrow as pa
 
 from dispatch.core.events import Pruned, event_from_dict
-from streaming import tables as t
+from dispatch.delta import tables as t
+from dispatch.delta.job_rows import JobKey, JobState, job_row, job_state
 from streaming.decode import (
     RECORD_ERRORS,
     KafkaRow,
@@ -45,15 +46,7 @@ from streaming.decode import (
     submit_bronze_row,
     undecodable_bronze_row,
 )
-from streaming.fold import (
-    JobKey,
-    JobState,
-    PruneStep,
-    archived_row,
-    fold_batch,
-    job_row,
-    job_state,
-)
+from streaming.fold import PruneStep, archived_row, fold_batch
 from streaming.planned import JOBS_SOURCE
 from streaming.rollup import stats_row
 

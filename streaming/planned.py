@@ -10,9 +10,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from streaming import tables as t
-from streaming.fold import JobKey, PruneStep
-from streaming.stats import MinuteStats, StatsKey
+from dispatch.delta import tables as t
+from dispatch.delta.job_rows import JobKey
+from dispatch.delta.stats import MinuteStats, StatsKey
+from streaming.fold import PruneStep
 
 JOBS_SOURCE = t.SCHEMAS[t.JOBS].append(pa.field("_delete", pa.bool_()))
 """The `jobs` MERGE source: the table's columns and whether the job leaves `jobs`."""

@@ -20,7 +20,6 @@ every event behind it.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -29,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streaming import tables as t
+from dispatch.delta import tables as t
+from dispatch.delta.progress import newest_commit, parse_rollup, rollup_metadata
+from dispatch.delta.stats import MinuteStats, StatsKey
 from streaming.delta_commits import DeltaCommits
-from streaming.progress import newest_commit, tagged_metadata
-from streaming.stats import MinuteStats, StatsKey
 
 if TYPE_CHECKING:
     from dispatch.warehouse import Warehouse
@@ -40,17 +39,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UTC = dt.UTC
-FORMAT = 1
-
-
-def rollup_metadata(through: int) -> str:
-    return json.dumps({"dispatch_rollup": FORMAT, "through": through}, separators=(",", ":"))
-
-
-def parse_rollup(text: str | None) -> int | None:
-    """The `through` of a roll-up commit's user metadata, or None for any other commit."""
-    document = tagged_metadata(text, "dispatch_rollup")
-    return None if document is None else int(document["through"])
 
 
 def key_of(row: dict[str, Any]) -> StatsKey:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dispatch.core.job import JobRecord
+from dispatch.delta import tables as t
+from dispatch.delta.job_rows import OPEN, record_from_row
 from dispatch.delta_sql import query, sql_text
-from streaming import tables as t
-from streaming.fold import OPEN, record_from_row
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,7 +53,7 @@ def latency_percentiles(
 ) -> DataFrame:
     """Percentiles of `latency` (`queue_wait` or `run_time`) over `stats` rows grouped `by`
     any columns (e.g. `["exec"]`, or an hour column): the rows' histograms are added up, then
-    read as `streaming.stats.Histogram.percentile` does (nearest rank, bucket middle, clamped
+    read as `dispatch.delta.stats.Histogram.percentile` does (nearest rank, bucket middle, clamped
     to the observed min and max). Columns: `by`, `n`, then `p50`, `p95`... in seconds.
 
         latency_percentiles(spark.table("stats").where("date = current_date()"), ["exec"])
@@ -61,7 +61,7 @@ def latency_percentiles(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from streaming.stats import BUCKET_FLOOR_S, BUCKETS_PER_DOUBLING
+    from dispatch.delta.stats import BUCKET_FLOOR_S, BUCKETS_PER_DOUBLING
 
     hist, count = f"{latency}_hist", f"{latency}_n"
     totals = stats.groupBy(*by).agg(

@@ -9,13 +9,13 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Response
 
-from api.auth import Principal, Role
 from api.deps import ClientDep, NodeDep
 from api.errors import ApiError
 from api.hub import public_job
 from api.leader import LeaderUnavailable
 from api.node import Node
 from api.schemas import JobBatch, JobSubmission, error_responses
+from dispatch.auth import Principal, Role
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.job import TERMINAL_STATUSES

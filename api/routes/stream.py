@@ -48,7 +48,6 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from api.auth import KeyRing, Principal, Role
 from api.deps import bearer_principal, owner_of
 from api.errors import ApiError
 from api.hub import Hub, WorkerSession
@@ -56,6 +55,7 @@ from api.leader import Answer, Command, Decide, Leader, LeaderUnavailable
 from api.node import Node
 from api.worker_sync import Held, rejoin
 from dispatch import fast_json
+from dispatch.auth import KeyRing, Principal, Role
 from dispatch.core.bounds import MAX_JSON_DEPTH, check_json_value
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import Rejected

@@ -18,9 +18,15 @@ from pydantic import BaseModel, Field
 from api.deps import AdminDep, NodeDep
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.queries import ClientLoad
+from dispatch.delta.tenants import (
+    TenantReport,
+    TenantTotals,
+    read_window,
+    tenant_reports,
+    window_start,
+)
 from dispatch.settings import TenantSettings
 from dispatch.warehouse import Warehouse
-from streaming.tenants import TenantReport, TenantTotals, read_window, tenant_reports, window_start
 
 router = APIRouter(prefix="/v1", tags=["operations"])
 

@@ -324,7 +324,7 @@ class Dispatcher:
         The records are copied, unless `owned=True`: then the dispatcher takes the records
         themselves (no copy: see BENCHMARKS.md, *Rebuild*) and mutates them from then on,
         so pass only records nothing else refers to and do not use them afterwards (e.g. the
-        list `streaming.snapshot.latest_snapshot` just read). ValueError names the first
+        list `dispatch.delta.snapshot.latest_snapshot` just read). ValueError names the first
         inconsistent record.
         """
         dispatcher = cls(config, epoch=epoch)

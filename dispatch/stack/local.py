@@ -142,7 +142,7 @@ class LocalStack:
 
     def up(self) -> list[str]:
         """Start every component that is not running; returns the topics it had to create."""
-        from api.auth import ensure_dev_keys  # the API package is heavier than the stack's
+        from dispatch.auth import ensure_dev_keys  # the API package is heavier than the stack's
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.plan_file.write_text(json.dumps(self.plan.__dict__))
@@ -200,7 +200,7 @@ class LocalStack:
             self._wait_answering(node)
             return [node.process.name]
         if component == "workers":
-            from api.auth import ensure_dev_keys
+            from dispatch.auth import ensure_dev_keys
 
             key = ensure_dev_keys(self.settings.auth)["worker"]
             workers = self.workers()

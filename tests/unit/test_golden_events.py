@@ -21,9 +21,10 @@ import pytest
 
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import InvalidTransition
+from dispatch.delta.job_rows import job_row, job_state
 from dispatch.event_records import decode_batch
 from streaming.decode import KafkaRow, decode_events, screen_events
-from streaming.fold import fence_batch, fold_batch, job_row, job_state
+from streaming.fold import fence_batch, fold_batch
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 GROUP = "default"

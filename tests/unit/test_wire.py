@@ -23,12 +23,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api import errors
-from api.auth import Principal, Role
 from api.hub import Hub
 from api.metrics import Metrics
 from api.routes import admin, jobs, workers
 from api.routes.stream import assign_many_messages
 from dispatch import fast_json
+from dispatch.auth import Principal, Role
 from dispatch.client import TERMINAL_STATUSES, AsyncClient, Backoff, Job, ResultStream
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import Event

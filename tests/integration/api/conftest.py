@@ -18,11 +18,11 @@ import uvicorn
 from kafka import KafkaConsumer
 
 from api.app import create_app
-from api.auth import KeyRing, ensure_dev_keys
 from api.leader_io import NodeIO
 from api.memory_log import MemoryLog
 from api.node import Node
 from api.server import uvicorn_config
+from dispatch.auth import KeyRing, ensure_dev_keys
 from dispatch.settings import Settings
 from dispatch.stack.ports import free_port
 from dispatch.submit_records import Rejection

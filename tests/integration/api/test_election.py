@@ -17,8 +17,8 @@ from typing import Literal
 import httpx
 import pytest
 
-from api.auth import ensure_dev_keys
 from api.kafka_log import replay_events
+from dispatch.auth import ensure_dev_keys
 from dispatch.client import Client
 from dispatch.core.events import Completed, Event, LeaderElected
 from dispatch.settings import Settings

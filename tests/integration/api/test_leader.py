@@ -16,8 +16,8 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
 import api.leader
-from api.auth import ensure_dev_keys
 from api.kafka_log import replay_events
+from dispatch.auth import ensure_dev_keys
 from dispatch.core.events import Completed, Enqueued
 from dispatch.event_records import encode_batches
 from dispatch.settings import Settings

@@ -204,7 +204,7 @@ def test_a_term_that_ends_closes_its_sockets_with_1013_naming_the_leader(
 
 def _keys_with_another_worker(settings: Any) -> str:
     """Add a second worker key (another owner) to the node's keys file; the plain key."""
-    from api.auth import ensure_dev_keys, hash_key
+    from dispatch.auth import ensure_dev_keys, hash_key
 
     ensure_dev_keys(settings.auth)
     document = json.loads(settings.auth.keys_file.read_text())

@@ -13,12 +13,12 @@ import pytest
 from deltalake import write_deltalake
 from playwright.sync_api import expect
 
+from dispatch.delta import tables as t
+from dispatch.delta.stats import Histogram, MinuteStats, minute_of
 from dispatch.settings import Settings
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
 from streaming.delta_commits import DeltaCommits
 from streaming.rollup import StatsRollup, stats_row
-from streaming.stats import Histogram, MinuteStats, minute_of
 from tests.integration.api import test_ui
 from tests.integration.api.conftest import RunningNode, poll_until
 

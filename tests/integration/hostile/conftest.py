@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.auth import ensure_dev_keys
+from dispatch.auth import ensure_dev_keys
 from dispatch.settings import Settings, with_namespace
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.stack.ports import free_port

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
+from dispatch.delta import tables as t
 from dispatch.settings import Settings
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
 from streaming.app import StreamOptions
 from tests.integration.api.conftest import RunningNode, poll, poll_until, start_node
 from tests.integration.streaming.conftest import namespaced, run_stream

@@ -28,12 +28,12 @@ from kafka import KafkaConsumer, TopicPartition
 from nbformat import NotebookNode
 
 from dispatch.core.events import Redriven
+from dispatch.delta import tables as t
+from dispatch.delta.tables import SCHEMAS
 from dispatch.event_records import decode_batch
 from dispatch.settings import ENV_PREFIX, to_environment
 from dispatch.warehouse import Warehouse
 from notebooks.run import PARAMETERS_TAG, inject_parameters, parameter_names, read_notebook
-from streaming import tables as t
-from streaming.tables import SCHEMAS
 from tests.integration.notebooks.conftest import EXPECTED_STATUS, Produced
 from tests.s3_server import BUCKET, S3Server
 

@@ -17,9 +17,9 @@ import pytest
 import uvicorn
 
 from api.app import create_app
-from api.auth import KeyRing, ensure_dev_keys
 from api.memory_log import MemoryLog
 from api.node import Node
+from dispatch.auth import KeyRing, ensure_dev_keys
 from dispatch.client import Client, Job, NotFound
 from dispatch.settings import Settings
 from tests.integration.api.conftest import RunningNode, _ThreadServer, api_node, api_settings

@@ -21,15 +21,15 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from dispatch.core.dispatcher import Dispatcher
+from dispatch.delta.job_rows import job_state
+from dispatch.delta.lag import streaming_lag
+from dispatch.delta.snapshot import Snapshot, latest_snapshot
 from dispatch.event_records import decode_batch
 from dispatch.settings import Settings, with_namespace
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.warehouse import Warehouse
 from streaming.app import StreamOptions, run
 from streaming.batch import BatchWriter
-from streaming.fold import job_state
-from streaming.lag import streaming_lag
-from streaming.snapshot import Snapshot, latest_snapshot
 from tests.unit.streaming.workload import CONFIG, GROUP, LogRecord, Workload, mixed_workload
 
 if TYPE_CHECKING:

@@ -20,14 +20,14 @@ from dispatch.core.events import (
     Requeued,
 )
 from dispatch.core.fence import fence_events
+from dispatch.delta import tables as t
+from dispatch.delta.progress import latest_progress
 from dispatch.event_records import encode_batch
 from dispatch.settings import Settings
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.storage import local_path
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
 from streaming.app import StreamOptions, checkpoint_dir, starting_offsets
-from streaming.progress import latest_progress
 from tests.integration.streaming.conftest import (
     MixedRun,
     delta_rs_rows,
@@ -149,7 +149,7 @@ def test_statistics_count_every_admitted_event_once(
 def test_percentiles_at_any_granularity_read_the_histograms(
     mixed_run: MixedRun, spark: SparkSession
 ) -> None:
-    from streaming.stats import Histogram
+    from dispatch.delta.stats import Histogram
     from streaming.views import latency_percentiles
 
     frame = spark.read.format("delta").load(Warehouse.of(mixed_run.settings).table(t.STATS))

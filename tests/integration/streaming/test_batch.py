@@ -13,10 +13,10 @@ import pytest
 
 from dispatch.core.events import Completed, Enqueued
 from dispatch.core.fence import fence_events
+from dispatch.delta import tables as t
 from dispatch.settings import Settings
 from dispatch.storage import Location
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
 from streaming.app import topics_of
 from streaming.batch import DRIVER, EXECUTORS, BatchWriter
 from streaming.rollup import StatsRollup

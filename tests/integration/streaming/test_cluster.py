@@ -19,15 +19,15 @@ import httpx
 import pytest
 from deltalake.exceptions import TableNotFoundError
 
+from dispatch.delta import tables as t
+from dispatch.delta.snapshot import latest_snapshot
 from dispatch.settings import Settings, to_environment
 from dispatch.stack.local import DISPATCH
 from dispatch.stack.ports import free_port
 from dispatch.stack.process import ManagedProcess
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
 from streaming.app import QUERY_NAME
 from streaming.executor_plan import FOLD_JOB
-from streaming.snapshot import latest_snapshot
 from tests.integration.api.conftest import short_timeouts
 from tests.integration.streaming.conftest import delta_rs_rows, jobs_of, replay_after
 from tests.integration.streaming.spark_cluster import HOST, SparkCluster, spark_cluster

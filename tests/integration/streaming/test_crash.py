@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from dispatch.delta import tables as t
+from dispatch.delta.progress import latest_progress
 from dispatch.settings import PROJECT_ROOT, Settings, to_environment
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
 from streaming.app import StreamOptions
-from streaming.progress import latest_progress
 from tests.integration.streaming.conftest import (
     jobs_of,
     produce,

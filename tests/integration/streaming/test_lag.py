@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dispatch.delta.lag import LagProbe, last_batch_age_s
 from dispatch.warehouse import Warehouse
-from streaming.lag import LagProbe, last_batch_age_s
 from tests.integration.streaming.conftest import MixedRun
 
 pytestmark = pytest.mark.integration

@@ -12,10 +12,10 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
 from api.leader import Leader
+from dispatch.delta import tables as t
+from dispatch.delta.snapshot import latest_snapshot
 from dispatch.settings import Settings
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
-from streaming.snapshot import latest_snapshot
 from tests.integration.api.conftest import RunningNode, poll_until, short_timeouts, start_node
 from tests.integration.streaming.conftest import jobs_of, replay_after, run_stream, spark_rows
 

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from dispatch.delta import tables as t
+from dispatch.delta.snapshot import latest_snapshot
 from dispatch.settings import Settings
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
 from streaming.maintenance import Maintenance, MaintenancePolicy
-from streaming.snapshot import latest_snapshot
 from tests.integration.streaming.conftest import (
     delta_rs_rows,
     jobs_of,

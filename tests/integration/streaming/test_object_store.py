@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from dispatch.delta import tables as t
+from dispatch.delta.snapshot import latest_snapshot
 from dispatch.settings import Settings
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
 from streaming.app import checkpoint_dir
-from streaming.snapshot import latest_snapshot
 from streaming.views import read_dlq, register_views
 from tests.integration.streaming.conftest import (
     delta_rs_rows,

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from dispatch.delta import tables as t
+from dispatch.delta.progress import latest_progress
+from dispatch.delta.snapshot import latest_snapshot
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
-from streaming.progress import latest_progress
-from streaming.snapshot import latest_snapshot
 from tests.integration.streaming.conftest import MixedRun, replay_after
 from tests.unit.streaming.workload import GROUP
 

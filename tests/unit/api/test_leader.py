@@ -28,9 +28,9 @@ from dispatch.core.commands import SubmitRequest
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import Event
 from dispatch.core.job import JobRecord
+from dispatch.delta.snapshot import Snapshot
 from dispatch.event_records import EventBatch
 from dispatch.settings import Settings, load_settings
-from streaming.snapshot import Snapshot
 
 T0 = 1_000.0
 
@@ -104,7 +104,7 @@ def test_stopping_a_term_unfreezes_what_its_rebuild_froze() -> None:
 
 def test_the_modules_a_rebuild_imports_are_preloaded() -> None:
     preload_rebuild_modules()
-    assert {"streaming.snapshot", "pyarrow.dataset"} <= set(sys.modules)
+    assert {"dispatch.delta.snapshot", "pyarrow.dataset"} <= set(sys.modules)
 
 
 # --- the rebuild ------------------------------------------------------------------------------

@@ -32,10 +32,10 @@ from pyspark.sql import SparkSession
 
 import dispatch.settings
 import streaming.session
+from dispatch.delta.tables import SCHEMAS
 from dispatch.settings import Settings
 from notebooks.run import PARAMETERS_TAG, parameter_names, read_notebook
 from streaming.session import S3A_FILESYSTEM, spark_config
-from streaming.tables import SCHEMAS
 
 NOTEBOOKS = Path(__file__).resolve().parents[3] / "notebooks"
 NAMES = ("queue_health", "job_forensics", "dlq_redrive", "throughput")

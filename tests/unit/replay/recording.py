@@ -25,9 +25,9 @@ from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import Rejected
 from dispatch.core.events import Assigned, Completed, DeadLettered, Event, Reassigned
 from dispatch.core.leases import seeded_lease_tokens
+from dispatch.delta import tables as t
 from dispatch.settings import DispatcherSettings
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
 from streaming.decode import KafkaRow, LoggedEvent, event_bronze_row
 from streaming.delta_commits import DeltaCommits
 

@@ -9,9 +9,9 @@ import pytest
 from deltalake import write_deltalake
 
 from dispatch.core.events import Event, WorkerHeartbeat
+from dispatch.delta import tables as t
 from dispatch.replay.source import WindowError, read_events, window_sql
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
 from streaming.decode import KafkaRow, LoggedEvent, event_bronze_row, submit_bronze_row
 from tests.unit.replay.recording import write_events_table
 

@@ -16,16 +16,17 @@ from hypothesis import strategies as st
 
 from dispatch.core.events import Completed, Enqueued, LeaderElected, WorkerHeartbeat
 from dispatch.core.job import JobRecord
+from dispatch.delta import tables as t
+from dispatch.delta.job_rows import JobKey, JobState, job_row, job_state
+from dispatch.delta.progress import BATCH, Progress, latest_progress
+from dispatch.delta.snapshot import latest_snapshot
 from dispatch.event_records import decode_batch, encode_batch
 from dispatch.storage import Location
 from dispatch.warehouse import Warehouse
 from streaming import guard
-from streaming import tables as t
 from streaming.batch import BatchWriter, _Positions, batch_end_offsets, query_id
 from streaming.decode import KafkaRow, Topics
-from streaming.fold import JobKey, JobState, archived_row, job_row, job_state
-from streaming.progress import BATCH, Progress, latest_progress
-from streaming.snapshot import latest_snapshot
+from streaming.fold import archived_row
 from tests.unit.streaming.hostile import hostile_record
 from tests.unit.streaming.workload import mixed_workload
 

@@ -7,10 +7,10 @@ import json
 import math
 
 from dispatch.core.events import Cancelled, LeaderElected
+from dispatch.delta import tables as t
 from dispatch.event_records import encode_batch
 from dispatch.submit_records import Rejection
 from streaming import guard
-from streaming import tables as t
 from streaming.decode import (
     KafkaRow,
     advance,

@@ -12,18 +12,13 @@ from dispatch.core.commands import SubmitRequest
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import Assigned, Completed, Enqueued, Event
 from dispatch.core.job import JobStatus
+from dispatch.delta.job_rows import CLOSED, OPEN, JobKey, JobState, job_row, job_state
 from streaming.decode import LoggedEvent
 from streaming.fold import (
-    CLOSED,
-    OPEN,
     BatchFold,
-    JobKey,
-    JobState,
     archived_row,
     fence_batch,
     fold_batch,
-    job_row,
-    job_state,
     prune_groups,
     touched_jobs,
 )
@@ -277,8 +272,8 @@ def test_rows_round_trip_through_the_table_format() -> None:
 def test_the_columnar_reader_equals_the_validating_one() -> None:
     import pyarrow as pa
 
-    from streaming import tables as t
-    from streaming.fold import record_from_row, records_from_arrow
+    from dispatch.delta import tables as t
+    from dispatch.delta.job_rows import record_from_row, records_from_arrow
 
     tables = fold_in_batches(random_workload(5), random.Random(5), 50)
     rows = list(tables.jobs.values())
@@ -294,8 +289,8 @@ def columnar_rows() -> list[dict[str, Any]]:
 def test_the_columnar_reader_reads_chunked_columns_and_nulls_as_the_validating_one() -> None:
     import pyarrow as pa
 
-    from streaming import tables as t
-    from streaming.fold import record_from_row, records_from_arrow
+    from dispatch.delta import tables as t
+    from dispatch.delta.job_rows import record_from_row, records_from_arrow
 
     rows = columnar_rows()
     rows[0] = {**rows[0], "payload": '{"text":"\u00e9t\u00e9 \u2603","n":[1,null]}'}
@@ -321,8 +316,8 @@ def test_the_columnar_reader_reads_chunked_columns_and_nulls_as_the_validating_o
 def test_the_columnar_reader_of_an_empty_table_and_of_one_value_per_column() -> None:
     import pyarrow as pa
 
-    from streaming import tables as t
-    from streaming.fold import record_from_row, records_from_arrow
+    from dispatch.delta import tables as t
+    from dispatch.delta.job_rows import record_from_row, records_from_arrow
 
     schema = t.SCHEMAS[t.JOBS]
     assert records_from_arrow(pa.Table.from_pylist([], schema=schema)) == []
@@ -347,8 +342,8 @@ def test_the_columnar_reader_refuses_what_no_record_has(
 ) -> None:
     import pyarrow as pa
 
-    from streaming import tables as t
-    from streaming.fold import records_from_arrow
+    from dispatch.delta import tables as t
+    from dispatch.delta.job_rows import records_from_arrow
 
     rows = columnar_rows()
     rows[3] = {**rows[3], column: value}

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from dispatch.core.events import Completed, Enqueued, LeaderElected
+from dispatch.delta import tables as t
 from streaming import guard
-from streaming import tables as t
 from tests.unit.streaming.hostile import nested
 
 
@@ -60,7 +60,7 @@ def test_an_ordinary_event_passes() -> None:
 
 def test_values_at_the_edge_of_their_column_fit_and_fold_into_a_row_that_builds() -> None:
     from dispatch.core.reducer import fold_job_events
-    from streaming.fold import JobState, job_row
+    from dispatch.delta.job_rows import JobState, job_row
 
     edge = enqueued(max_attempts=2**31 - 1, seq=-(2**63), client_id="é", at=guard.MAX_TIME_S)
     assert guard.event_problem(edge) is None

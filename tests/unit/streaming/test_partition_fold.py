@@ -16,19 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dispatch.core.events import Completed, LeaderElected, Pruned
-from streaming import tables as t
+from dispatch.delta import tables as t
+from dispatch.delta.job_rows import JobKey, JobState, job_row, job_state
+from dispatch.delta.stats import StatsAccumulator
 from streaming.decode import KafkaRow, LoggedEvent, Refused
 from streaming.executor_plan import run_fence
-from streaming.fold import (
-    ArchivedLife,
-    BatchFold,
-    JobKey,
-    JobState,
-    fence_batch,
-    fold_batch,
-    job_row,
-    job_state,
-)
+from streaming.fold import ArchivedLife, BatchFold, fence_batch, fold_batch
 from streaming.partition_fold import (
     FOLD_INPUT,
     KAFKA_COLUMNS,
@@ -43,7 +36,6 @@ from streaming.partition_fold import (
     prune_steps,
 )
 from streaming.rollup import aggregate, stats_row
-from streaming.stats import StatsAccumulator
 from tests.unit.streaming.hostile import hostile_record
 from tests.unit.streaming.test_batch import WHEN, InMemoryWriter, events_rows_of, poison_values
 from tests.unit.streaming.test_fold import Tables, fold_in_batches, logged_events

@@ -7,7 +7,7 @@ from pathlib import Path
 from dispatch.core.job import DeadReason, JobStatus
 from dispatch.warehouse import Warehouse
 from streaming.views import VIEWS, read_dlq, read_job
-from tests.unit.streaming.test_snapshot import commit, record
+from tests.unit.delta.test_snapshot import commit, record
 
 
 def test_the_dlq_and_single_jobs(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streaming.progress import BATCH, PRUNE, Progress, latest_progress_of
+from dispatch.delta.progress import BATCH, PRUNE, Progress, latest_progress_of
 
 
 def progress(batch: int, kind: str = BATCH) -> Progress:

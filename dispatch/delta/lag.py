@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from dispatch.delta import tables as t
+from dispatch.delta.progress import BATCH, latest_progress
 from dispatch.settings import Settings
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
-from streaming.progress import BATCH, latest_progress
 
 
 class LagProbe:

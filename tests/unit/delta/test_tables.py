@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from dispatch.core.job import JobRecord
-from streaming import tables as t
+from dispatch.delta import tables as t
 
 
 def test_jobs_hold_every_job_record_field_and_the_contract_columns() -> None:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from streaming.stats import (
+from dispatch.delta.stats import (
     BUCKET_FLOOR_S,
     GROWTH,
     MAX_BUCKET,

@@ -5,8 +5,8 @@ Every commit the streaming application makes carries, in the commit's user metad
 Kafka offset of every partition of the three topics the batch covered, and (for `jobs`) each
 dispatcher group's fence epoch after the batch. The commit and its metadata are one atomic
 Delta commit, so a `jobs` version and the log positions it covers cannot drift apart. This is
-the snapshot pointer of the leader's rebuild (`streaming.snapshot`) and the `processed` side of
-the lag (`streaming.lag`).
+the snapshot pointer of the leader's rebuild (`dispatch.delta.snapshot`) and the `processed` side of
+the lag (`dispatch.delta.lag`).
 
 Reading uses delta-rs (no JVM): the newest commits are walked back to the newest one with a
 `Progress` of the wanted kind, skipping maintenance commits (OPTIMIZE, VACUUM).
@@ -19,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from streaming.decode import Offsets
-
 if TYPE_CHECKING:
     from dispatch.warehouse import Warehouse
+
+Offsets = dict[str, dict[int, int]]
+"""topic -> partition -> next offset to read (the Kafka convention for a position)."""
 
 FORMAT = 1
 """Value of the `dispatch_progress` key; a commit without it is not the application's."""
@@ -146,3 +147,18 @@ def newest_commit(
             return None
         seen = len(commits)
         limit *= 4
+
+
+ROLLUP_FORMAT = 1
+
+
+def rollup_metadata(through: int) -> str:
+    """The user metadata of a roll-up commit of `stats` (`streaming.rollup`): the partial
+    statistics up to `through` are in it."""
+    return json.dumps({"dispatch_rollup": ROLLUP_FORMAT, "through": through}, separators=(",", ":"))
+
+
+def parse_rollup(text: str | None) -> int | None:
+    """The `through` of a roll-up commit's user metadata, or None for any other commit."""
+    document = tagged_metadata(text, "dispatch_rollup")
+    return None if document is None else int(document["through"])

@@ -7,11 +7,11 @@ from pathlib import Path
 from deltalake import CommitProperties, write_deltalake
 
 from dispatch.core.job import JobRecord, JobStatus
+from dispatch.delta import tables as t
+from dispatch.delta.job_rows import JobState, job_row
+from dispatch.delta.progress import BATCH, PRUNE, Progress
+from dispatch.delta.snapshot import latest_snapshot
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
-from streaming.fold import JobState, job_row
-from streaming.progress import BATCH, PRUNE, Progress
-from streaming.snapshot import latest_snapshot
 
 
 def record(job_id: str, status: JobStatus = JobStatus.QUEUED) -> JobRecord:

@@ -1,6 +1,6 @@
 """The snapshot a new leader rebuilds from: `jobs` at a version + the log after its offsets.
 
-Every batch's last `jobs` commit records (see `streaming.progress`) the next offset of every
+Every batch's last `jobs` commit records (see `dispatch.delta.progress`) the next offset of every
 `dispatch.events` partition it covers and each group's fence epoch. `latest_snapshot` reads the
 newest such commit and the `jobs` table *at that version* with delta-rs (no JVM), so:
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dispatch.core.job import JobRecord
+from dispatch.delta import tables as t
+from dispatch.delta.job_rows import JOB_RECORD_COLUMNS, records_from_arrow
+from dispatch.delta.progress import BATCH, latest_progress_of
 from dispatch.warehouse import Warehouse
-from streaming import tables as t
-from streaming.fold import JOB_RECORD_COLUMNS, records_from_arrow
-from streaming.progress import BATCH, latest_progress_of
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from streaming import tables as t
-from streaming.stats import BUCKET_FLOOR_S, GROWTH, MAX_BUCKET, Histogram, minute_of
+from dispatch.delta import tables as t
+from dispatch.delta.stats import BUCKET_FLOOR_S, GROWTH, MAX_BUCKET, Histogram, minute_of
 
 if TYPE_CHECKING:
     from dispatch.warehouse import Warehouse
@@ -161,8 +161,7 @@ def read_window(
     The partial rows are read first: whatever a roll-up moves between the two reads is then
     in the `stats` version read (and left out of the partial rows by its `batch_end`), so no
     row is missed or counted twice."""
-    from streaming.progress import newest_commit
-    from streaming.rollup import parse_rollup
+    from dispatch.delta.progress import newest_commit, parse_rollup
 
     partial_table = warehouse.open_if_exists(t.STATS_PARTIAL)
     partial = (

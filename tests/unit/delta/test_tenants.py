@@ -10,18 +10,18 @@ from typing import Any
 import pytest
 from deltalake import write_deltalake
 
-from dispatch.warehouse import Warehouse
-from streaming import tables as t
-from streaming.delta_commits import DeltaCommits
-from streaming.rollup import StatsRollup, stats_row
-from streaming.stats import GROWTH, Histogram, MinuteStats, StatsKey
-from streaming.tenants import (
+from dispatch.delta import tables as t
+from dispatch.delta.stats import GROWTH, Histogram, MinuteStats, StatsKey
+from dispatch.delta.tenants import (
     BOUNDARY_ERROR,
     breaches,
     read_window,
     tenant_reports,
     window_start,
 )
+from dispatch.warehouse import Warehouse
+from streaming.delta_commits import DeltaCommits
+from streaming.rollup import StatsRollup, stats_row
 
 MINUTE = 1_800_000_000 - 1_800_000_000 % 60
 """A minute start (2027-01-15), so rows fall on a known day."""

@@ -23,26 +23,27 @@ import gc
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeVar
 
 from api.election import Election
 from api.hub import Hub
 from api.lag_metrics import LagGauges
 from api.leader import (
-    Answer,
     Command,
-    Decide,
     Leader,
     LeaderUnavailable,
     LogGap,
     preload_rebuild_modules,
 )
 from api.leader_io import KafkaLeaderIO, NodeIO, SubmitSink
+from api.loop_commands import LoopCommand
 from api.metrics import Metrics
 from dispatch.core.commands import SubmitRequest
 from dispatch.settings import Settings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 RESTART_BACKOFF_S = (0.1, 0.25, 0.5, 1.0)
 """Pauses before retrying a term that did not start (the broker down, a rebuild that failed).
@@ -199,14 +200,12 @@ class Node:
             return "the leader term has stopped"
         return leader.not_working()
 
-    async def call(self, decide: Decide, answer: Answer | None = None) -> Any:
-        """Run a command on the leader loop; resolves after its commit."""
-        future = self.leader().submit(Command(decide, answer))
-        return await asyncio.wrap_future(future)
-
-    async def read(self, answer: Answer) -> Any:
-        """Read committed state (answered after the current iteration's commit)."""
-        return await self.call(lambda core, now: [], answer)
+    async def call(self, command: LoopCommand[T]) -> T:
+        """Run `command` on the leader loop; its answer, once what it decided is committed
+        (a read: after the current iteration's commit)."""
+        future = self.leader().submit(Command(command.decide, command.answer))
+        answer: T = await asyncio.wrap_future(future)
+        return answer
 
     async def produce_submissions(self, submissions: Sequence[SubmitRequest]) -> None:
         """Write submissions to `dispatch.submit`; returns once Kafka acknowledged all."""

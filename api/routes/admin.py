@@ -7,11 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Query
 
 from api.deps import AdminDep, AnyoneDep, NodeDep
-from api.hub import public_job
 from api.leader import LeaderUnavailable
+from api.loop_commands import ListDeadLetters, ListQueues, ListWorkers, RedriveJob
 from api.schemas import LeaderView, QueueList, WorkerList, error_responses
-from dispatch.core.dispatcher import Dispatcher
-from dispatch.core.events import Event
 from dispatch.wire import JobList, JobView
 
 router = APIRouter(prefix="/v1", tags=["operations"])
@@ -26,12 +24,7 @@ async def dead_letters(
 ) -> dict[str, Any]:
     """Dead-lettered jobs, oldest first, with their reason and last error."""
 
-    def answer(core: Dispatcher, _events: list[Event]) -> dict[str, Any]:
-        jobs = [job for job in core.dead_letters() if exec is None or job.exec == exec]
-        return {"jobs": [public_job(job) for job in jobs[:limit]]}
-
-    listing: dict[str, Any] = await node.read(answer)
-    return listing
+    return {"jobs": await node.call(ListDeadLetters(exec, limit))}
 
 
 @router.post(
@@ -41,27 +34,17 @@ async def dead_letters(
 )
 async def redrive(job_id: str, node: NodeDep, _principal: AdminDep) -> dict[str, Any]:
     """Requeue a dead job with its attempts reset (409 if it is not dead)."""
-    job: dict[str, Any] = await node.call(
-        lambda core, now: core.redrive(job_id, now),
-        lambda core, _events: public_job(core.job_view(job_id)),
-    )
-    return job
+    return await node.call(RedriveJob(job_id))
 
 
 @router.get("/queues", response_model=QueueList)
 async def queues(node: NodeDep, _principal: AdminDep) -> dict[str, Any]:
-    listing: dict[str, Any] = await node.read(
-        lambda core, _events: {"queues": [stats.to_dict() for stats in core.queue_stats()]}
-    )
-    return listing
+    return {"queues": await node.call(ListQueues())}
 
 
 @router.get("/workers", response_model=WorkerList)
 async def workers(node: NodeDep, _principal: AdminDep) -> dict[str, Any]:
-    listing: dict[str, Any] = await node.read(
-        lambda core, _events: {"workers": [worker.to_dict() for worker in core.workers()]}
-    )
-    return listing
+    return {"workers": await node.call(ListWorkers())}
 
 
 @router.get("/leader", response_model=LeaderView)

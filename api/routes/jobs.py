@@ -11,13 +11,12 @@ from fastapi import APIRouter, Query, Response
 
 from api.deps import ClientDep, NodeDep
 from api.errors import ApiError
-from api.hub import public_job
 from api.leader import LeaderUnavailable
+from api.loop_commands import CancelJob, ReadJobs
 from api.node import Node
 from api.schemas import JobBatch, JobSubmission, error_responses
 from dispatch.auth import Principal, Role
 from dispatch.core.commands import SubmitRequest
-from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.job import TERMINAL_STATUSES
 from dispatch.wire import Accepted, AcceptedBatch, JobView
 
@@ -64,15 +63,7 @@ def _visible(job: dict[str, Any] | None, principal: Principal, job_id: str) -> d
 
 
 async def _known(node: Node, ids: list[str]) -> dict[str, dict[str, Any]]:
-    def answer(core: Dispatcher, _events: list[Any]) -> dict[str, dict[str, Any]]:
-        found = {}
-        for job_id in ids:
-            job = core.job_view(job_id)
-            if job is not None:
-                found[job_id] = public_job(job)
-        return found
-
-    return dict(await node.read(answer))
+    return await node.call(ReadJobs(ids))
 
 
 async def accept(node: Node, requests: list[SubmitRequest], principal: Principal) -> list[Accepted]:
@@ -176,8 +167,4 @@ async def read_job(
 async def cancel(job_id: str, node: NodeDep, principal: ClientDep) -> dict[str, Any]:
     """Cancel a queued job (409 if it is running or finished)."""
     _visible((await _known(node, [job_id])).get(job_id), principal, job_id)
-    view: dict[str, Any] = await node.call(
-        lambda core, now: core.cancel(job_id, now),
-        lambda core, _events: public_job(core.job_view(job_id)),
-    )
-    return view
+    return await node.call(CancelJob(job_id))

@@ -44,24 +44,36 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from api.deps import bearer_principal, owner_of
 from api.errors import ApiError
 from api.hub import Hub, WorkerSession
-from api.leader import Answer, Command, Decide, Leader, LeaderUnavailable
+from api.leader import Command, Leader, LeaderUnavailable
+from api.loop_commands import (
+    AckJob,
+    AckMany,
+    ExtendAttempt,
+    FailJob,
+    GrantCredit,
+    JobView,
+    LoopCommand,
+    LoseWorker,
+    RejoinWorker,
+    WorkerAlive,
+)
 from api.node import Node
-from api.worker_sync import Held, rejoin
+from api.worker_sync import Held
 from dispatch import fast_json
 from dispatch.auth import KeyRing, Principal, Role
 from dispatch.core.bounds import MAX_JSON_DEPTH, check_json_value
-from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import Rejected
-from dispatch.core.events import Event
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 router = APIRouter()
 
 POLICY_VIOLATION = 1008
@@ -69,11 +81,6 @@ TRY_AGAIN_LATER = 1013
 
 TERM_CHECK_S = 1.0
 """How often a session checks that its term still serves, besides being woken when it ends."""
-
-
-def _job_status(core: Dispatcher, job_id: str) -> str | None:
-    job = core.job_view(job_id)
-    return job.status.value if job else None
 
 
 class _Protocol(Exception):
@@ -161,9 +168,12 @@ class _Term:
                 leader=self.node.election.leader_address,
             )
 
-    async def call(self, decide: Decide, answer: Answer | None = None) -> Any:
+    async def call(self, command: LoopCommand[T]) -> T:
+        """`command` on this session's term alone (LeaderUnavailable once it ended)."""
         self.check()
-        return await asyncio.wrap_future(self.leader.submit(Command(decide, answer)))
+        future = self.leader.submit(Command(command.decide, command.answer))
+        answer: T = await asyncio.wrap_future(future)
+        return answer
 
     async def watch(self) -> LeaderUnavailable:
         """Returns (the reason) once the term no longer serves."""
@@ -275,12 +285,7 @@ async def _serve_worker(
     # Claimed before the join commits: the older socket takes nothing meant for this one.
     previous = hub.claim_worker(session)
     try:
-        epoch = await term.call(
-            lambda core, now: rejoin(
-                core, worker_id, subjects, now, held=held, credits=credits, owner=owner
-            ),
-            lambda core, _events: _restarted(hub, worker_id, core),
-        )
+        epoch = await term.call(RejoinWorker(hub, worker_id, subjects, held, credits, owner))
     except BaseException:
         hub.unclaim_worker(session, previous)
         raise
@@ -293,14 +298,7 @@ async def _serve_worker(
     finally:
         if hub.release_worker(session):
             with contextlib.suppress(Rejected, LeaderUnavailable):
-                await term.call(
-                    lambda core, now: core.lose_worker(worker_id, now, reason="socket closed")
-                )
-
-
-def _restarted(hub: Hub, worker_id: str, core: Dispatcher) -> int:
-    hub.restart_outbox(worker_id)
-    return core.epoch
+                await term.call(LoseWorker(worker_id, "socket closed"))
 
 
 async def _worker_session(
@@ -411,7 +409,7 @@ class _WorkerLoop:
         while True:
             await asyncio.sleep(interval)
             try:
-                await self.term.call(lambda core, now: core.worker_heartbeat(worker_id, now))
+                await self.term.call(WorkerAlive(worker_id))
             except LeaderUnavailable as error:
                 self.term_over(error)
             except Rejected:
@@ -425,14 +423,14 @@ async def _worker_message(
     kind = message.get("type")
     if kind == "credit":
         credits = _field(message, "credits", int)
-        await term.call(lambda core, now: core.grant_credit(worker_id, credits, now))
+        await term.call(GrantCredit(worker_id, credits))
         return
     if kind == "withdraw":
-        await term.call(lambda core, now: core.grant_credit(worker_id, 0, now, replace=True))
+        await term.call(GrantCredit(worker_id, 0, replace=True))
         await socket.send_json({"type": "withdrawn"})
         return
     if kind == "ping":
-        await term.call(lambda core, now: core.worker_heartbeat(worker_id, now))
+        await term.call(WorkerAlive(worker_id))
         await socket.send_json({"type": "pong"})
         return
     if kind == "acks":
@@ -451,19 +449,16 @@ async def _worker_message(
     except ValueError as problem:
         raise _Protocol(str(problem)) from None
 
-    def decide(core: Dispatcher, now: float) -> list[Event]:
-        if kind == "ack":
-            return core.ack(
-                job_id, attempt, lease, now, result=result, worker_id=worker_id, owner=owner
-            )
-        if kind == "fail":
-            return core.fail(
-                job_id, attempt, lease, now, error=str(error),
-                retryable=bool(message.get("retryable", True)), worker_id=worker_id, owner=owner,
-            )  # fmt: skip
-        return core.heartbeat(job_id, attempt, lease, now, worker_id=worker_id, owner=owner)
-
-    status = await term.call(decide, lambda core, _events: _job_status(core, job_id))
+    command: LoopCommand[JobView | None]
+    if kind == "ack":
+        command = AckJob(job_id, attempt, lease, result, worker_id, owner)
+    elif kind == "fail":
+        retryable = bool(message.get("retryable", True))
+        command = FailJob(job_id, attempt, lease, str(error), retryable, worker_id, owner)
+    else:
+        command = ExtendAttempt(job_id, attempt, lease, worker_id, owner)
+    view = await term.call(command)
+    status = None if view is None else view["status"]
     await socket.send_text(
         fast_json.dumps_text({"type": "settled", "id": job_id, "status": status, "of": kind})
     )
@@ -486,26 +481,8 @@ async def _acks(
             (_field(item, "id", str), _field(item, "attempt", int), _field(item, "lease", str),
              result)
         )  # fmt: skip
-    refused: dict[str, Rejected] = {}
-
-    def decide(core: Dispatcher, now: float) -> list[Event]:
-        events, rejections = core.ack_many(acks, now, worker_id=worker_id, owner=owner)
-        refused.update({rejection.job_id or "": rejection for rejection in rejections})
-        return events
-
-    def answer(core: Dispatcher, _events: list[Event]) -> list[dict[str, Any]]:
-        results: list[dict[str, Any]] = []
-        for job_id, _attempt, _lease, _result in acks:
-            rejection = refused.get(job_id)
-            if rejection is None:
-                results.append({"id": job_id, "status": _job_status(core, job_id)})
-            else:
-                results.append(
-                    {"id": job_id, "error": rejection.code.value, "detail": rejection.detail}
-                )
-        return results
-
-    results = await term.call(decide, answer)
+    outcomes = await term.call(AckMany([(worker_id, item) for item in acks], owner))
+    results = [outcome.to_dict() for outcome in outcomes]
     await socket.send_text(fast_json.dumps_text({"type": "settled_many", "results": results}))
 
 

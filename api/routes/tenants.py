@@ -9,14 +9,13 @@ the live counts are a read command on the leader loop like every other read of t
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from api.deps import AdminDep, NodeDep
-from dispatch.core.dispatcher import Dispatcher
+from api.loop_commands import ReadClientLoads
 from dispatch.core.queries import ClientLoad
 from dispatch.delta.tenants import (
     TenantReport,
@@ -132,7 +131,7 @@ async def tenants(
     settings = node.settings
     group = settings.dispatcher.group
     # The leader's clock, read with its live counts, ends the window.
-    loads, until = await node.read(lambda core, _events: _live(core))
+    loads, until = await node.call(ReadClientLoads())
     since = window_start(until, minutes)
     rows = await asyncio.to_thread(read_window, Warehouse.of(settings), group, since, until)
     reports = tenant_reports(rows, settings.tenants.wait_target_for)
@@ -143,7 +142,3 @@ async def tenants(
         "until": until,
         "tenants": tenant_list(reports, loads, settings.tenants),
     }
-
-
-def _live(core: Dispatcher) -> tuple[dict[tuple[str, str], ClientLoad], float]:
-    return core.client_loads().by_client_exec, time.time()

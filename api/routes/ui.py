@@ -8,9 +8,7 @@ calls the admin endpoints with it; the page itself is not secret, so serving it 
 
 from __future__ import annotations
 
-import heapq
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +18,9 @@ from pydantic import BaseModel, Field
 
 from api.deps import AdminDep, NodeDep
 from api.errors import ApiError
+from api.loop_commands import ReadOverview
 from api.node import Node
 from api.ui_history import History, Sampler
-from dispatch.core.dispatcher import Dispatcher
-from dispatch.core.job import JobRecord, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -168,50 +165,6 @@ class Overview(BaseModel):
     history: list[HistoryPoint] = Field(description="Oldest first, after `since` if given")
 
 
-def _summary(job: JobRecord) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "client_id": job.client_id,
-        "exec": job.exec,
-        "status": job.status.value,
-        "attempts": job.attempts,
-        "max_attempts": job.max_attempts,
-        "worker_id": job.worker_id,
-        "deadline": job.deadline,
-        "submitted_at": job.submitted_at,
-        "updated_at": job.updated_at,
-        "error": job.error,
-        "dead_reason": None if job.dead_reason is None else job.dead_reason.value,
-    }
-
-
-def core_overview(core: Dispatcher, limit: int) -> dict[str, Any]:
-    """The committed state's part of the overview. Runs on the leader loop thread, so it
-    costs O(running jobs + workers + limit), never O(jobs held)."""
-    running = [
-        job
-        for worker in core.workers()
-        for job_id in worker.running
-        if (job := core.job_view(job_id)) is not None and job.status is JobStatus.RUNNING
-    ]
-    nearest = heapq.nsmallest(limit, running, key=lambda job: job.deadline or 0.0)
-    # A running job with an error is on a retry; queued retries are not indexed (the
-    # requeued rate in the history counts them).
-    retrying = [job for job in running if job.error is not None]
-    failures = sorted(
-        [*core.latest_dead_letters(limit), *retrying],
-        key=lambda job: job.updated_at,
-        reverse=True,
-    )[:limit]
-    return {
-        "epoch": core.epoch,
-        "counts": core.counts(),
-        "in_flight": {"total": len(running), "jobs": [_summary(job) for job in nearest]},
-        "recent_failures": [_summary(job) for job in failures],
-        "recently_finished": [_summary(job) for job in core.latest_finished(limit)],
-    }
-
-
 @router.get("/v1/overview", response_model=Overview, tags=["operations"])
 async def overview(
     request: Request,
@@ -224,9 +177,7 @@ async def overview(
     `/v1/leader`: in-flight jobs, recent failures and finishes, and a per-second history of
     throughput, latency and backlog (kept for five minutes from the first dashboard request)."""
     sampler = _sampler(request)
-    state: dict[str, Any] = await node.read(
-        lambda core, _events: {**core_overview(core, limit), "server_time": time.time()}
-    )
+    state = await node.call(ReadOverview(limit))
     points = sampler.history.points(since)
     return {
         "node": node.address,

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 from fastapi import APIRouter
 
 from api.deps import NodeDep, WorkerDep, owner_of
 from api.errors import ApiError
-from api.hub import Hub, public_job
 from api.leader import LeaderUnavailable
+from api.loop_commands import AckJob, AckMany, ExtendAttempt, FailJob, JobView, PresentWorker
 from api.schemas import (
     Ack,
     AckBatch,
@@ -30,40 +29,9 @@ from api.schemas import (
     Settled,
     SettledBatch,
 )
-from dispatch.core.dispatcher import Dispatcher
-from dispatch.core.errors import RejectCode, Rejected
-from dispatch.core.events import Event
 from dispatch.wire import Assignments
 
 router = APIRouter(prefix="/v1", tags=["workers"])
-
-
-def present(
-    core: Dispatcher,
-    *,
-    hub: Hub,
-    worker_id: str,
-    subjects: list[str],
-    credits: int,
-    now: float,
-    owner: str | None = None,
-) -> list[Event]:
-    """A REST poll: (re)join if needed, say "I have room for `credits`", count as alive.
-
-    Assignments already committed to this worker but not yet taken fill part of that room,
-    so the grant is what is left of it. Another key's worker is refused before anything
-    changes."""
-    registered = core.worker_owner(worker_id)
-    if owner is not None and registered is not None and registered != owner:
-        raise Rejected(RejectCode.FORBIDDEN, f"worker id {worker_id!r} belongs to another key")
-    events: list[Event] = []
-    known = core.worker(worker_id)
-    if known is None or list(known.subjects) != subjects:
-        events += core.join(worker_id, subjects, now, owner=owner)
-    room = max(0, credits - hub.undelivered(worker_id))
-    events += core.grant_credit(worker_id, room, now, replace=True)
-    events += core.worker_heartbeat(worker_id, now)
-    return events
 
 
 @router.post("/workers/{worker_id}/poll", response_model=Assignments)
@@ -79,17 +47,7 @@ async def poll(worker_id: str, body: Poll, node: NodeDep, principal: WorkerDep) 
         raise ApiError(409, f"worker {worker_id!r} is served by an open WebSocket", "conflict")
     term_ended = hub.term_ended()
     term = node.leader()
-    await node.call(
-        lambda core, now: present(
-            core,
-            hub=hub,
-            worker_id=worker_id,
-            subjects=body.subjects,
-            credits=body.credits,
-            now=now,
-            owner=owner,
-        )
-    )
+    await node.call(PresentWorker(hub, worker_id, body.subjects, body.credits, owner))
     outbox = hub.outbox(worker_id)
     if not outbox.items and body.wait_s > 0 and body.credits > 0:
         with contextlib.suppress(TimeoutError):
@@ -105,29 +63,18 @@ async def poll(worker_id: str, body: Poll, node: NodeDep, principal: WorkerDep) 
     return Assignments.model_validate({"assignments": hub.take(worker_id, body.credits)})
 
 
-def _settled(core: Dispatcher, job_id: str) -> dict[str, Any]:
-    job = core.job_view(job_id)
-    if job is None:
+def _settled(job_id: str, view: JobView | None) -> JobView:
+    if view is None:
         raise ApiError(404, f"no job {job_id!r}")
-    return public_job(job)
+    return view
 
 
 @router.post("/jobs/{job_id}/ack", response_model=Settled)
 async def ack(job_id: str, body: Ack, node: NodeDep, principal: WorkerDep) -> Settled:
     """The attempt succeeded with `result`. A repeat of the same ack answers the same."""
     owner = owner_of(principal)
-    job = await node.call(
-        lambda core, now: core.ack(
-            job_id,
-            body.attempt,
-            body.lease,
-            now,
-            result=body.result,
-            worker_id=body.worker_id,
-            owner=owner,
-        ),
-        lambda core, _events: _settled(core, job_id),
-    )
+    command = AckJob(job_id, body.attempt, body.lease, body.result, body.worker_id, owner)
+    job = _settled(job_id, await node.call(command))
     return Settled(id=job_id, status=job["status"])
 
 
@@ -135,13 +82,10 @@ async def ack(job_id: str, body: Ack, node: NodeDep, principal: WorkerDep) -> Se
 async def fail(job_id: str, body: Fail, node: NodeDep, principal: WorkerDep) -> Settled:
     """The attempt failed: retried with backoff if `retryable` and attempts remain, else dead."""
     owner = owner_of(principal)
-    job = await node.call(
-        lambda core, now: core.fail(
-            job_id, body.attempt, body.lease, now,
-            error=body.error, retryable=body.retryable, worker_id=body.worker_id, owner=owner,
-        ),
-        lambda core, _events: _settled(core, job_id),
-    )  # fmt: skip
+    command = FailJob(
+        job_id, body.attempt, body.lease, body.error, body.retryable, body.worker_id, owner
+    )
+    job = _settled(job_id, await node.call(command))
     return Settled(id=job_id, status=job["status"])
 
 
@@ -151,12 +95,8 @@ async def heartbeat(
 ) -> HeartbeatAnswer:
     """Still working: the deadline moves to now + the attempt's timeout."""
     owner = owner_of(principal)
-    job = await node.call(
-        lambda core, now: core.heartbeat(
-            job_id, body.attempt, body.lease, now, worker_id=body.worker_id, owner=owner
-        ),
-        lambda core, _events: _settled(core, job_id),
-    )
+    command = ExtendAttempt(job_id, body.attempt, body.lease, body.worker_id, owner)
+    job = _settled(job_id, await node.call(command))
     return HeartbeatAnswer(id=job_id, deadline=job["deadline"])
 
 
@@ -164,33 +104,8 @@ async def heartbeat(
 async def ack_batch(body: AckBatch, node: NodeDep, principal: WorkerDep) -> SettledBatch:
     """Many acks in one request; each is answered on its own (a stale one does not stop others,
     nor does one naming another worker than the job's)."""
-    owner = owner_of(principal)
-    refused: dict[str, Rejected] = {}
-    by_worker: dict[str | None, list[tuple[str, int, str, Any]]] = {}
-    for item in body.acks:
-        by_worker.setdefault(item.worker_id, []).append(
-            (item.id, item.attempt, item.lease, item.result)
-        )
-
-    def decide(core: Dispatcher, now: float) -> list[Event]:
-        events: list[Event] = []
-        for worker_id, acks in by_worker.items():
-            settled, rejections = core.ack_many(acks, now, worker_id=worker_id, owner=owner)
-            events += settled
-            refused.update({rejection.job_id or "": rejection for rejection in rejections})
-        return events
-
-    def answer(core: Dispatcher, _events: list[Event]) -> list[Settled]:
-        results = []
-        for item in body.acks:
-            rejection = refused.get(item.id)
-            if rejection is not None:
-                results.append(
-                    Settled(id=item.id, error=rejection.code.value, detail=rejection.detail)
-                )
-            else:
-                job = core.job_view(item.id)
-                results.append(Settled(id=item.id, status=job.status.value if job else None))
-        return results
-
-    return SettledBatch(results=await node.call(decide, answer))
+    acks = [
+        (item.worker_id, (item.id, item.attempt, item.lease, item.result)) for item in body.acks
+    ]
+    outcomes = await node.call(AckMany(acks, owner_of(principal)))
+    return SettledBatch(results=[Settled(**outcome.to_dict()) for outcome in outcomes])

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import httpx
 import orjson
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 
 from api import errors
 from api.hub import Hub
+from api.loop_commands import LoopCommand
 from api.metrics import Metrics
 from api.routes import admin, jobs, workers
 from api.routes.stream import assign_many_messages
@@ -69,6 +71,36 @@ class _Keyring:
         return CLIENT
 
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Submit(LoopCommand[None]):
+    """What the leader does with submissions it consumed."""
+
+    submissions: list[Any]
+
+    def decide(self, core: Dispatcher, now: float) -> list[Event]:
+        return core.submit_many(self.submissions, now)
+
+    def answer(self, core: Dispatcher, events: list[Event]) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class _JoinWithCredit(LoopCommand[None]):
+    worker_id: str
+    subjects: list[str]
+    credits: int
+
+    def decide(self, core: Dispatcher, now: float) -> list[Event]:
+        joined = core.join(self.worker_id, self.subjects, now)
+        return [*joined, *core.grant_credit(self.worker_id, self.credits, now)]
+
+    def answer(self, core: Dispatcher, events: list[Event]) -> None:
+        return None
+
+
 class _Node:
     """What the routes use of `api.node.Node`, with the leader loop done in line: each
     command is decided on the core, "committed" (handed to the hub, as the loop does after a
@@ -82,25 +114,18 @@ class _Node:
     def leader(self) -> _Term:
         return self._term
 
-    async def call(
-        self,
-        decide: Callable[[Dispatcher, float], list[Event]],
-        answer: Callable[[Dispatcher, list[Event]], Any] | None = None,
-    ) -> Any:
+    async def call(self, command: LoopCommand[T]) -> T:
         core = self._term.core
         self.now += 1.0
-        events = decide(core, self.now)
+        events = command.decide(core, self.now)
         self.hub.committed(core, events)
         # The hub delivers with `call_soon_threadsafe`: let it run before anyone reads.
         await asyncio.sleep(0)
-        return answer(core, events) if answer is not None else events
-
-    async def read(self, answer: Callable[[Dispatcher, list[Event]], Any]) -> Any:
-        return await self.call(lambda _core, _now: [], answer)
+        return command.answer(core, events)
 
     async def produce_submissions(self, submissions: list[Any]) -> None:
         # The leader consumes `dispatch.submit` a moment later; here at once.
-        await self.call(lambda core, now: core.submit_many(submissions, now))
+        await self.call(_Submit(submissions))
 
 
 def _server(node: _Node) -> FastAPI:
@@ -284,12 +309,7 @@ async def _every_status() -> None:
         await client.fail(first.id, first.attempt, first.lease, "db busy", retryable=True)
 
         # A second worker, on the WebSocket, takes the retry: attempt 2.
-        await node.call(
-            lambda core, now: [
-                *core.join("w2", ["job.assign.work.retry"], now),
-                *core.grant_credit("w2", 1, now),
-            ]
-        )
+        await node.call(_JoinWithCredit("w2", ["job.assign.work.retry"], 1))
         taken = hub.take("w2")
         frames = [
             *assign_many_messages(taken),

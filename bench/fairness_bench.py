@@ -1,0 +1,296 @@
+"""Fairness evidence: one tenant floods at 100x the others' rate; what the others wait.
+
+    .venv/bin/python -m bench.fairness_bench                       # the defaults below
+    .venv/bin/python -m bench.fairness_bench --light 4 --rate 1 --flood-factor 100 --json
+
+A discrete-event simulation on a virtual clock (no Kafka, no HTTP, no wall time): Poisson
+arrivals per tenant, a fleet of `--workers` workers with `--slots` slots each, every job
+running an exponentially distributed time (mean `--run-s`), all drawn from `--seed`. The same
+arrivals and run times go through three runs:
+
+- **solo**: the light tenants alone, scheduled by the dispatcher: the waits they get when
+  nobody floods;
+- **round-robin**: the flood added, scheduled by the pure core (`dispatch.core.Dispatcher`:
+  priorities, then round-robin across clients, then FIFO; the per-client in-flight cap), the
+  code the leader runs;
+- **FIFO**: the flood added, through one first-in-first-out queue: what a queue without
+  per-tenant fairness does with the same work (Celery's, Dramatiq's and Sidekiq's queues
+  serve a queue in arrival order).
+
+With the flood above the fleet's capacity, the backlog grows all run long; each run reports,
+per tenant class, the queue waits of the jobs that started (p50/p95/p99) and how many jobs
+were still waiting at the end (their waits so far count in the percentiles too, as lower
+bounds: leaving them out would flatter a queue that starves them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import random
+import sys
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+from dispatch.core import CoreConfig, Dispatcher, SubmitRequest
+from dispatch.core.events import Assigned, Event
+from dispatch.core.leases import seeded_lease_tokens
+
+FLOOD = "flood"
+EXEC = "work.run"
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    at: float
+    job_id: str
+    tenant: str
+    run_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    light: int = 4
+    rate: float = 1.0
+    """Jobs per second of each light tenant."""
+    flood_factor: float = 100.0
+    """The flooding tenant's rate, in light tenants' rates."""
+    workers: int = 8
+    slots: int = 4
+    run_s: float = 0.5
+    duration_s: float = 300.0
+    seed: int = 1
+
+    @property
+    def capacity(self) -> float:
+        """Jobs per second the fleet completes when busy."""
+        return self.workers * self.slots / self.run_s
+
+    def arrivals(self, *, flood: bool) -> list[Arrival]:
+        """Every tenant's Poisson arrivals, in time order; the light tenants' are the same
+        with and without the flood (each tenant draws from a generator of its own)."""
+        tenants = [(f"light-{n}", self.rate) for n in range(self.light)]
+        if flood:
+            tenants.append((FLOOD, self.rate * self.flood_factor))
+        out: list[Arrival] = []
+        for tenant, rate in tenants:
+            draw = random.Random(f"{self.seed}/{tenant}")
+            at, number = 0.0, 0
+            while True:
+                at += draw.expovariate(rate)
+                if at >= self.duration_s:
+                    break
+                out.append(
+                    Arrival(at, f"{tenant}-{number}", tenant, draw.expovariate(1 / self.run_s))
+                )
+                number += 1
+        out.sort(key=lambda arrival: (arrival.at, arrival.job_id))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Waits:
+    """Queue waits of one tenant class in one run (seconds)."""
+
+    started: int
+    waiting_at_end: int
+    p50: float
+    p95: float
+    p99: float
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile (0.0 of nothing)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
+
+
+def summarize(started: Iterable[float], waiting: Iterable[float]) -> Waits:
+    started, waiting = list(started), list(waiting)
+    every = started + waiting
+    return Waits(
+        len(started), len(waiting),
+        round(percentile(every, 0.50), 3), round(percentile(every, 0.95), 3),
+        round(percentile(every, 0.99), 3),
+    )  # fmt: skip
+
+
+Run = dict[str, list[float]]
+"""Tenant -> the waits of its started jobs; tenant + "/waiting" -> the waits so far of the
+jobs still queued at the end."""
+
+
+def run_dispatcher(workload: Workload, arrivals: Sequence[Arrival]) -> Run:
+    """The arrivals through the pure core, a worker's slot freed (acked, one credit given
+    back) when its job's run time is over."""
+    core = Dispatcher(
+        CoreConfig(worker_expiry_s=None, ack_timeout_s=3600.0, max_ack_timeout_s=3600.0),
+        lease_token=seeded_lease_tokens(workload.seed),
+    )
+    by_id = {arrival.job_id: arrival for arrival in arrivals}
+    waits: Run = {}
+    finishing: list[tuple[float, str, str, int, str]] = []  # (at, job, worker, attempt, lease)
+
+    def started(events: list[Event], now: float) -> None:
+        for event in events:
+            if isinstance(event, Assigned):
+                arrival = by_id[event.job_id]
+                waits.setdefault(arrival.tenant, []).append(now - arrival.at)
+                heapq.heappush(
+                    finishing,
+                    (
+                        now + arrival.run_s,
+                        event.job_id,
+                        event.worker_id,
+                        event.attempt,
+                        event.lease,
+                    ),
+                )
+
+    for number in range(workload.workers):
+        worker_id = f"w{number}"
+        core.join(worker_id, ["job.assign.>"], 0.0)
+        started(core.grant_credit(worker_id, workload.slots, 0.0), 0.0)
+    pending = deque(arrivals)
+    while pending or finishing:
+        if finishing and (not pending or finishing[0][0] <= pending[0].at):
+            at, job_id, worker_id, attempt, lease = heapq.heappop(finishing)
+            if at >= workload.duration_s:
+                break
+            core.ack(job_id, attempt, lease, at, worker_id=worker_id)
+            started(core.grant_credit(worker_id, 1, at), at)
+        else:
+            arrival = pending.popleft()
+            request = SubmitRequest(
+                id=arrival.job_id, exec=EXEC, payload=None, client_id=arrival.tenant
+            )
+            started(core.submit(request, arrival.at), arrival.at)
+    end = workload.duration_s
+    for job in core.jobs():
+        if job.status.value == "queued":
+            arrival = by_id[job.id]
+            waits.setdefault(f"{arrival.tenant}/waiting", []).append(end - arrival.at)
+    return waits
+
+
+def run_fifo(workload: Workload, arrivals: Sequence[Arrival]) -> Run:
+    """The same arrivals through one first-in-first-out queue and the same slots."""
+    free = workload.workers * workload.slots
+    queue: deque[Arrival] = deque()
+    finishing: list[float] = []
+    waits: Run = {}
+
+    def start(arrival: Arrival, now: float) -> None:
+        waits.setdefault(arrival.tenant, []).append(now - arrival.at)
+        heapq.heappush(finishing, now + arrival.run_s)
+
+    for arrival in arrivals:
+        while finishing and finishing[0] <= arrival.at:
+            done_at = heapq.heappop(finishing)
+            if queue:
+                start(queue.popleft(), done_at)
+            else:
+                free += 1
+        if free:
+            free -= 1
+            start(arrival, arrival.at)
+        else:
+            queue.append(arrival)
+    while finishing and queue:
+        done_at = heapq.heappop(finishing)
+        if done_at >= workload.duration_s:
+            break
+        start(queue.popleft(), done_at)
+    for arrival in queue:
+        waits.setdefault(f"{arrival.tenant}/waiting", []).append(workload.duration_s - arrival.at)
+    return waits
+
+
+def classes(run: Run) -> dict[str, Waits]:
+    """The light tenants together, and the flood."""
+
+    def of(match: str) -> Waits:
+        started = [w for tenant, ws in run.items() if not tenant.endswith("/waiting")
+                   and tenant.startswith(match) for w in ws]  # fmt: skip
+        waiting = [w for tenant, ws in run.items() if tenant.endswith("/waiting")
+                   and tenant.startswith(match) for w in ws]  # fmt: skip
+        return summarize(started, waiting)
+
+    found = {"light": of("light-")}
+    if any(tenant.startswith(FLOOD) for tenant in run):
+        found[FLOOD] = of(FLOOD)
+    return found
+
+
+def measure(workload: Workload) -> dict[str, dict[str, Waits]]:
+    flooded = workload.arrivals(flood=True)
+    return {
+        "solo": classes(run_dispatcher(workload, workload.arrivals(flood=False))),
+        "round_robin": classes(run_dispatcher(workload, flooded)),
+        "fifo": classes(run_fifo(workload, flooded)),
+    }
+
+
+def render(workload: Workload, results: dict[str, dict[str, Waits]]) -> str:
+    offered = workload.light * workload.rate * (1 + workload.flood_factor / workload.light)
+    lines = [
+        f"{workload.light} light tenants at {workload.rate}/s, one flooding at "
+        f"{workload.rate * workload.flood_factor:g}/s; fleet {workload.workers}x"
+        f"{workload.slots} slots, run time mean {workload.run_s} s (capacity "
+        f"{workload.capacity:g}/s, offered {offered:g}/s); {workload.duration_s:g} s virtual",
+        f"{'run':<12} {'tenants':<7} {'started':>8} {'waiting':>8} {'p50 s':>9} {'p95 s':>9} "
+        f"{'p99 s':>9}",
+    ]
+    for run, by_class in results.items():
+        for name, waits in by_class.items():
+            lines.append(
+                f"{run:<12} {name:<7} {waits.started:>8} {waits.waiting_at_end:>8} "
+                f"{waits.p50:>9.3f} {waits.p95:>9.3f} {waits.p99:>9.3f}"
+            )
+    solo = results["solo"]["light"].p99
+    fair, fifo = results["round_robin"]["light"].p99, results["fifo"]["light"].p99
+    lines.append(
+        f"light tenants' p99 queue wait: solo {solo:.3f} s; with the flood, round-robin "
+        f"{fair:.3f} s (+{fair - solo:.3f} s), FIFO {fifo:.3f} s (+{fifo - solo:.3f} s)"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.fairness_bench", description=(__doc__ or "").split("\n\n")[0]
+    )
+    defaults = Workload()
+    parser.add_argument("--light", type=int, default=defaults.light, help="light tenants")
+    parser.add_argument("--rate", type=float, default=defaults.rate, help="jobs/s per light one")
+    parser.add_argument("--flood-factor", type=float, default=defaults.flood_factor)
+    parser.add_argument("--workers", type=int, default=defaults.workers)
+    parser.add_argument("--slots", type=int, default=defaults.slots)
+    parser.add_argument("--run-s", type=float, default=defaults.run_s, help="mean run time")
+    parser.add_argument("--duration", type=float, default=defaults.duration_s, help="virtual s")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--json", action="store_true", help="one JSON document instead")
+    args = parser.parse_args(argv)
+    workload = Workload(
+        args.light, args.rate, args.flood_factor, args.workers, args.slots, args.run_s,
+        args.duration, args.seed,
+    )  # fmt: skip
+    results = measure(workload)
+    if args.json:
+        document = {
+            "workload": asdict(workload),
+            "results": {run: {k: asdict(v) for k, v in by.items()} for run, by in results.items()},
+        }
+        print(json.dumps(document, indent=1))
+    else:
+        print(render(workload, results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

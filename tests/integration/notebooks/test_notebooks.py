@@ -126,10 +126,21 @@ def run_notebook(
         "JAVA_TOOL_OPTIONS": java_options.strip(),
         **(environment or {}),
     }
+    return execute_notebook(folder, name, {"warehouse": produced.warehouse, **parameters}, env=env)
+
+
+def execute_notebook(
+    folder: Path,
+    name: str,
+    parameters: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+) -> NotebookNode:
+    """`notebooks/run.py NAME.ipynb -o ... -p NAME JSON...` in a process of its own (it
+    starts the kernel); the executed copy, once every cell ran and nothing was left behind."""
     output, log = folder / f"{name}.ipynb", folder / f"{name}.log"
     command = [sys.executable, str(NOTEBOOKS / "run.py"), str(NOTEBOOKS / f"{name}.ipynb")]
     command += ["-o", str(output)]
-    for key, value in {"warehouse": produced.warehouse, **parameters}.items():
+    for key, value in parameters.items():
         command += ["-p", key, json.dumps(value)]
     with log.open("wb") as sink:
         runner = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
@@ -137,14 +148,14 @@ def run_notebook(
         code = runner.wait(NOTEBOOK_TIMEOUT_S)
     finally:
         # Timed out, or the test was interrupted: the kernel exits within a second of its
-        # parent (ipykernel's parent poller), and the JVM with the kernel (its stdin closes).
+        # parent (ipykernel's parent poller), and a JVM with the kernel (its stdin closes).
         if runner.poll() is None:
             runner.kill()
             runner.wait(30)
     assert code == 0, f"{name} failed:\n{log.read_text()[-6000:]}"
     notebook = read_notebook(output)
-    # No session was running in the kernel: the notebook made its own and its last cell
-    # stopped it, so the JVM ends with the kernel: nothing had to be killed.
+    # The notebook stopped whatever it started (a Spark session it made), so nothing had to
+    # be killed with the kernel.
     killed = notebook.metadata["dispatch_run"]["killed"]
     assert killed == [], f"{name}: the kernel left processes behind: {killed}"
     return notebook

@@ -31,7 +31,13 @@ from dispatch.replay.table import REPLAYS
 from dispatch.settings import ENV_PREFIX
 from dispatch.warehouse import Warehouse
 from notebooks.run import PARAMETERS_TAG, parameter_names, read_notebook
-from tests.integration.notebooks.test_notebooks import NOTEBOOKS, cell, pngs, text
+from tests.integration.notebooks.test_notebooks import (
+    NOTEBOOKS,
+    cell,
+    execute_notebook,
+    pngs,
+    text,
+)
 from tests.unit.notebooks.test_databricks import parameters_with
 from tests.unit.replay.recording import (
     RECORDED_SETTINGS,
@@ -91,25 +97,7 @@ def dispatch_replay_json(warehouse: Warehouse, changes: dict[str, int]) -> dict[
 def run_what_if(folder: Path, **parameters: Any) -> NotebookNode:
     """`notebooks/run.py what_if.ipynb -o ... -p NAME JSON...` in a process of its own; the
     executed copy."""
-    output, log = folder / f"{NAME}.ipynb", folder / f"{NAME}.log"
-    command = [sys.executable, str(NOTEBOOKS / "run.py"), str(NOTEBOOKS / f"{NAME}.ipynb")]
-    command += ["-o", str(output)]
-    for key, value in parameters.items():
-        command += ["-p", key, json.dumps(value)]
-    with log.open("wb") as sink:
-        runner = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        code = runner.wait(NOTEBOOK_TIMEOUT_S)
-    finally:
-        # Timed out, or the test was interrupted: the kernel exits within a second of its parent.
-        if runner.poll() is None:
-            runner.kill()
-            runner.wait(30)
-    assert code == 0, f"{NAME} failed:\n{log.read_text()[-6000:]}"
-    notebook = read_notebook(output)
-    killed = notebook.metadata["dispatch_run"]["killed"]
-    assert killed == [], f"the kernel left processes behind: {killed}"
-    return notebook
+    return execute_notebook(folder, NAME, parameters)
 
 
 # --- reading the tables the notebook showed ----------------------------------------------------

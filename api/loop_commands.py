@@ -23,7 +23,7 @@ from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import RejectCode, Rejected
 from dispatch.core.events import Event
 from dispatch.core.job import JobRecord, JobStatus
-from dispatch.core.queries import ClientLoad
+from dispatch.core.queries import ClientLoads
 
 T = TypeVar("T")
 
@@ -106,13 +106,11 @@ class ReadOverview(LoopCommand[dict[str, Any]]):
 
 
 @dataclass(frozen=True, slots=True)
-class ReadClientLoads(LoopCommand[tuple[dict[tuple[str, str], ClientLoad], float]]):
+class ReadClientLoads(LoopCommand[tuple[ClientLoads, float]]):
     """Each client's queued and running jobs per exec now, and the leader's clock."""
 
-    def answer(
-        self, core: Dispatcher, events: list[Event]
-    ) -> tuple[dict[tuple[str, str], ClientLoad], float]:
-        return core.client_loads().by_client_exec, time.time()
+    def answer(self, core: Dispatcher, events: list[Event]) -> tuple[ClientLoads, float]:
+        return core.client_loads(), time.time()
 
 
 def job_summary(job: JobRecord) -> dict[str, Any]:
@@ -371,7 +369,8 @@ class AckMany(LoopCommand[list[AckOutcome]]):
 
     acks: Sequence[tuple[str | None, AckItem]]
     owner: str | None = None
-    _refused: dict[str, Rejected] = field(default_factory=dict)
+    _refused: dict[str, Rejected] = field(default_factory=dict, init=False, repr=False)
+    """Filled by `decide`, read by `answer` (the same command object, on the loop thread)."""
 
     def decide(self, core: Dispatcher, now: float) -> list[Event]:
         by_worker: dict[str | None, list[AckItem]] = {}

@@ -111,7 +111,8 @@ class MemoryLog:
     def open_submit_source(
         self, group: str, client_id: str, position: Mapping[int, int] | None
     ) -> MemorySubmitSource:
-        committed = self.group_offsets.get(submit_group_id(group), {})
+        with self._changed:
+            committed = dict(self.group_offsets.get(submit_group_id(group), {}))
         start = {
             partition: max((position or {}).get(partition, 0), committed.get(partition, 0))
             for partition in range(len(self.submit))

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from api.deps import AdminDep, NodeDep
 from api.loop_commands import ReadClientLoads
-from dispatch.core.queries import ClientLoad
+from dispatch.core.queries import ClientLoad, ClientLoads
 from dispatch.delta.tenants import (
     TenantReport,
     TenantTotals,
@@ -79,23 +79,22 @@ def _figures(totals: TenantTotals, live: ClientLoad) -> dict[str, Any]:
 
 def tenant_list(
     reports: dict[str, TenantReport],
-    loads: dict[tuple[str, str], ClientLoad],
+    loads: ClientLoads,
     tenants: TenantSettings,
 ) -> list[dict[str, Any]]:
     """The window's reports joined with the live loads; a client with jobs now but none in
     the statistics (a new one, or one whose jobs never started) is listed with zero counts."""
     live_execs: dict[str, dict[str, ClientLoad]] = {}
-    for (client_id, exec_name), load in loads.items():
+    for (client_id, exec_name), load in loads.by_client_exec.items():
         live_execs.setdefault(client_id, {})[exec_name] = load
+    live_totals = loads.per_client()
     out: list[dict[str, Any]] = []
     for client_id in sorted(reports.keys() | live_execs.keys()):
         report = reports.get(client_id)
         if report is None:
             report = TenantReport(client_id, tenants.wait_target_for(client_id)).finish()
         now = live_execs.get(client_id, {})
-        total_load = ClientLoad()
-        for load in now.values():
-            total_load.add(load)
+        total_load = live_totals.get(client_id, ClientLoad())
         execs = [
             {
                 "exec": exec_name,

@@ -97,6 +97,31 @@ def stack(scratch: Path) -> Iterator[Settings]:
         broker.stop()
 
 
+@contextlib.contextmanager
+def standalone_cluster(settings: Settings, workers: int, cores: int) -> Iterator[Settings]:
+    """A Spark standalone master and `workers` workers of `cores` cores on loopback (the stack's
+    own `SparkCluster`), and the settings that point the fold's session at it: `fold_on=auto`
+    then folds on its executors, one per worker."""
+    from dispatch.stack.spark_cluster import HOST, SparkCluster
+
+    spark = settings.spark.model_copy(
+        update={
+            "master": f"spark://{HOST}:{free_port()}",
+            "cluster_workers": workers,
+            "worker_cores": cores,
+            "worker_memory": "1536m",
+            "executor_memory": "1g",
+        }
+    )
+    on_cluster = settings.model_copy(update={"spark": spark})
+    cluster = SparkCluster(on_cluster)
+    try:
+        cluster.start()
+        yield on_cluster
+    finally:
+        cluster.stop()
+
+
 def with_namespace(settings: Settings, name: str, scratch: Path) -> Settings:
     """`dispatch.settings.with_namespace` under `scratch / name`, with the topics created."""
     namespaced = namespace_settings(settings, name, scratch / name)
@@ -209,7 +234,7 @@ def freshness(
     fold_on: str = "auto",
 ) -> FreshnessResult:
     from dispatch.delta.lag import streaming_lag
-    from streaming.app import StreamOptions, start
+    from streaming.app import StreamOptions, fold_place, start
     from streaming.maintenance import MaintenancePolicy
 
     settings = with_namespace(settings, f"fresh-{int(rate)}", settings.paths.var.parent)
@@ -290,7 +315,7 @@ def freshness(
         "maintenance_s",
     )
     return FreshnessResult(
-        fold_on=fold_on,
+        fold_on=fold_place(fold_on, settings.spark.master),
         rate_asked=rate,
         rate_measured=per_s["submitted"],
         assigned_per_s=per_s["assigned"],
@@ -556,15 +581,30 @@ def main(argv: list[str] | None = None) -> int:
         "--fold-on", choices=["auto", "executors", "driver"], default="auto",
         help="where the streaming query folds each batch",
     )  # fmt: skip
+    parser.add_argument(
+        "--cluster-workers", type=int, default=0,
+        help="run the fold on a standalone cluster of this many workers (0: local[2])",
+    )  # fmt: skip
+    parser.add_argument("--worker-cores", type=int, default=1, help="cores per cluster worker")
     args = parser.parse_args(argv)
 
     from streaming.session import spark_session
 
     results: dict[str, Any] = {"machine_cores": multiprocessing.cpu_count()}
-    with (
-        tempfile.TemporaryDirectory(prefix="dispatch-streaming-bench-") as scratch,
-        stack(Path(scratch) / "stack") as settings,
-    ):
+    with contextlib.ExitStack() as resources:
+        scratch = resources.enter_context(
+            tempfile.TemporaryDirectory(prefix="dispatch-streaming-bench-")
+        )
+        settings = resources.enter_context(stack(Path(scratch) / "stack"))
+        if args.cluster_workers:
+            settings = resources.enter_context(
+                standalone_cluster(settings, args.cluster_workers, args.worker_cores)
+            )
+        results["spark"] = {
+            "master": settings.spark.master,
+            "workers": args.cluster_workers,
+            "cores_per_worker": args.worker_cores if args.cluster_workers else None,
+        }
         spark = spark_session(settings, "dispatch-streaming-bench")
         spark.sparkContext.setLogLevel("ERROR")
         try:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -76,13 +78,21 @@ class Emulator:
     """The pure core driven like the leader drives it, one tick at a time."""
 
     def __init__(
-        self, workers: int = WORKERS, prefix: str = "job", *, cap: int | None = None
+        self,
+        workers: int = WORKERS,
+        prefix: str = "job",
+        *,
+        cap: int | None = None,
+        id_seed: int | None = None,
     ) -> None:
         config = CoreConfig(ack_timeout_s=600.0, max_ack_timeout_s=600.0, worker_expiry_s=None)
         if cap is not None:
             config = dataclasses.replace(config, default_cap=cap)
         self.core = Dispatcher(config)
         self.prefix = prefix
+        self._random_ids = None if id_seed is None else random.Random(id_seed)
+        """With a seed, job ids are random uuid4 hex, as clients choose them (no order a
+        file's min/max statistics could prune by); else `<prefix>-<n>`."""
         self.next_id = 0
         self.assigned: list[tuple[float, str, int, str]] = []
         """(when, job id, attempt, lease) of assignments not acked yet, oldest first."""
@@ -99,9 +109,14 @@ class Emulator:
         for _ in range(count):
             index = self.next_id
             self.next_id += 1
+            job_id = (
+                f"{self.prefix}-{index}"
+                if self._random_ids is None
+                else uuid.UUID(int=self._random_ids.getrandbits(128), version=4).hex
+            )
             out.append(
                 SubmitRequest(
-                    id=f"{self.prefix}-{index}",
+                    id=job_id,
                     exec=EXECS[index % len(EXECS)],
                     payload={"n": index},
                     client_id=f"client-{index % CLIENTS}",

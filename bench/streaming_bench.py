@@ -1,8 +1,10 @@
-"""Streaming benchmark: freshness of the Delta tables, and MERGE cost against history size.
+"""Streaming benchmark: freshness of the Delta tables, and a batch's cost against the history
+and against the backlog of queued jobs.
 
-    .venv/bin/python -m bench.streaming_bench                       # both parts
+    .venv/bin/python -m bench.streaming_bench                       # freshness and MERGE cost
     .venv/bin/python -m bench.streaming_bench --skip-merge --rate 1000 --duration 120
     .venv/bin/python -m bench.streaming_bench --skip-freshness --history 10000,100000,1000000
+    .venv/bin/python -m bench.streaming_bench --skip-freshness --skip-merge --backlog 0,1000000
 
 Everything runs on a temporary broker (free ports) and a temporary warehouse.
 
@@ -34,15 +36,27 @@ written, then compacted, as a long-running table would be) and a backlog of queu
 identical batches (N new jobs submitted, N jobs assigned and acked, so every batch inserts,
 updates and moves rows) go through `BatchWriter` one by one, and the per-step times are
 recorded. The first batch after the bulk load is a warm-up and is not counted.
+
+**Backlog** (`--backlog`). For each backlog size B, a fresh `jobs` table gets
+`--backlog-history` finished jobs and B jobs queued in the emulator's core, whose rows are bulk
+written to the open partition (then compacted, as the maintenance would); job ids are random
+uuid4 hex, as clients choose them. Then identical batches: each submits N jobs (queued behind
+the backlog), assigns N from the head of the queues and acks the N assigned one batch earlier,
+so whatever B, every batch inserts N open rows, updates N and moves N to the closed partition.
+Reported per B: the batch's p50/p95 and its steps (the read of the touched jobs' current rows,
+the rest of the fold, the `jobs` MERGE, the other commits, the collect), delta-rs's MERGE
+metrics, and the process's memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import multiprocessing
+import resource
 import statistics
 import sys
 import tempfile
@@ -463,15 +477,66 @@ def write_offsets(checkpoint: Path, batch_id: int, end: dict[str, dict[int, int]
     (checkpoint / "offsets" / str(batch_id)).write_text("v1\n{}\n" + json.dumps(source))
 
 
+class KafkaBatches:
+    """Feeds `BatchWriter` one micro-batch at a time as the streaming query would: the events
+    are written to the events topic (one record per 100 events, as a leader's transactions
+    group them), read back by Spark's Kafka source and handed over with their end offsets in
+    the checkpoint's offset log."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, name: str) -> None:
+        from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+        from streaming.app import topics_of
+        from streaming.batch import BatchWriter
+
+        self.spark = spark
+        self.kafka = settings.kafka
+        self.producer = KafkaProducer(
+            bootstrap_servers=self.kafka.bootstrap, acks="all", linger_ms=5
+        )
+        self.consumer = KafkaConsumer(bootstrap_servers=self.kafka.bootstrap, group_id=None)
+        self.partition = TopicPartition(self.kafka.events_topic, 0)
+        self.checkpoint = settings.paths.var / "checkpoint"
+        self.checkpoint.mkdir(parents=True, exist_ok=True)
+        (self.checkpoint / "metadata").write_text(json.dumps({"id": f"bench-{name}"}) + "\n")
+        self.writer = BatchWriter(
+            Warehouse.of(settings), topics_of(settings), Location.at(self.checkpoint)
+        )
+        self.start_offset = 0
+
+    def __call__(self, events: list[Event]) -> None:
+        for index in range(0, len(events), 100):
+            self.producer.send(
+                self.kafka.events_topic,
+                key=GROUP.encode(),
+                value=encode_batch(GROUP, 1, events[index : index + 100]),
+            )
+        self.producer.flush()
+        end = self.consumer.end_offsets([self.partition])[self.partition]
+        topic = self.kafka.events_topic
+        frame = (
+            self.spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", self.kafka.bootstrap)
+            .option("subscribe", topic)
+            .option("startingOffsets", json.dumps({topic: {"0": self.start_offset}}))
+            .option("endingOffsets", json.dumps({topic: {"0": end}}))
+            .load()
+        )
+        batch_id = len(self.writer.history)
+        write_offsets(self.checkpoint, batch_id, {topic: {0: end}})
+        self.writer(frame, batch_id)
+        self.start_offset = end
+
+    def close(self) -> None:
+        self.producer.close()
+        self.consumer.close()
+
+
 def merge_cost(
     spark: SparkSession, base: Settings, history: int, batch_jobs: int, batches: int
 ) -> MergeResult:
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-
     from dispatch.delta import tables as t
     from dispatch.delta.snapshot import latest_snapshot
-    from streaming.app import topics_of
-    from streaming.batch import BatchWriter
 
     settings = with_namespace(base, f"merge-{history}", base.paths.var.parent)
     warehouse = Warehouse.of(settings)
@@ -480,41 +545,10 @@ def merge_cost(
     bulk_history(spark, warehouse, history)
     history_load_s = time.perf_counter() - started
 
-    kafka = settings.kafka
-    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all", linger_ms=5)
-    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id=None)
-    events_partition = TopicPartition(kafka.events_topic, 0)
-    checkpoint = settings.paths.var / "checkpoint"
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    (checkpoint / "metadata").write_text(json.dumps({"id": f"bench-{history}"}) + "\n")
-    writer = BatchWriter(warehouse, topics_of(settings), Location.at(checkpoint))
+    batch = KafkaBatches(spark, settings, str(history))
+    writer = batch.writer
     emulator = Emulator(workers=4, prefix=f"live{history}")
     clock = 1_800_000_000.0
-    start_offset = 0
-
-    def batch(events: list[Event]) -> None:
-        nonlocal start_offset
-        # One record per 100 events, as a leader's transactions would group them.
-        for index in range(0, len(events), 100):
-            producer.send(
-                kafka.events_topic,
-                key=GROUP.encode(),
-                value=encode_batch(GROUP, 1, events[index : index + 100]),
-            )
-        producer.flush()
-        end = consumer.end_offsets([events_partition])[events_partition]
-        frame = (
-            spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", kafka.bootstrap)
-            .option("subscribe", kafka.events_topic)
-            .option("startingOffsets", json.dumps({kafka.events_topic: {"0": start_offset}}))
-            .option("endingOffsets", json.dumps({kafka.events_topic: {"0": end}}))
-            .load()
-        )
-        batch_id = len(writer.history)
-        write_offsets(checkpoint, batch_id, {kafka.events_topic: {0: end}})
-        writer(frame, batch_id)
-        start_offset = end
 
     # A backlog of queued jobs (the open partition), then steady batches: each submits N jobs
     # and assigns + acks N, so it inserts, updates and moves N rows to the closed partition.
@@ -528,8 +562,7 @@ def merge_cost(
         clock += 2.0
         step += emulator.tick(clock, [], clock)
         batch(step)
-    producer.close()
-    consumer.close()
+    batch.close()
     measured = writer.history[2:]  # the backlog batch and one warm-up batch excluded
     metrics = [
         commit.get("operationMetrics", {})
@@ -557,6 +590,199 @@ def merge_cost(
     )
 
 
+# --- batch cost against the backlog of queued jobs -----------------------------------------------
+
+
+@dataclass
+class BacklogResult:
+    backlog: int
+    """Queued jobs in the open partition of `jobs` before the measured batches."""
+    history: int
+    batch_jobs: int
+    batches: int
+    batch_total_s: dict[str, float]
+    steps_s: dict[str, dict[str, float]]
+    """Per step, its p50/p95/max over the measured batches: `read` (the touched jobs' current
+    rows), `fold` (decode, fence and fold without the read), `jobs_merge`, `other_commits`
+    (`events`, `stats_partial`, `rejected`), `collect` (the Kafka read into the driver)."""
+    merge_metrics_median: dict[str, float]
+    """delta-rs's metrics of the batches' `jobs` MERGEs (median over the measured ones)."""
+    merge_rows_copied: list[int]
+    """Rows each measured batch's MERGE copied from the files it rewrote, oldest first (does
+    the rewrite grow as the batches go on?)."""
+    first_read_s: float
+    """The read of the warm-up batch (the first that touches jobs: a cache would load here)."""
+    open_files: int
+    """Files of the open partition after the run."""
+    backlog_load_s: float
+    rss_mb: dict[str, float]
+    """The bench process's resident memory (the emulator's core holds the backlog too):
+    before the first batch, after the run, and the peak."""
+    arrow_mb: dict[str, float]
+    """Bytes held by Arrow's memory pool, before the first batch and after the run."""
+
+
+def _rss_mb() -> float:
+    """This process's resident set, from /proc (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return math.nan
+
+
+def bulk_backlog(
+    warehouse: Warehouse, emulator: Emulator, count: int, now: float, batch_jobs: int
+) -> None:
+    """`count` jobs queued in the emulator's core (no worker has credit yet) and their rows in
+    the open partition of `jobs` in files as the fold's batches would have written them (of the
+    table's `delta.targetFileSize`, or else one a batch), then compacted as the maintenance
+    does (`Maintenance.optimize`)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from dispatch.delta import tables as t
+    from dispatch.delta.job_rows import JobState, job_row
+    from streaming.maintenance import Maintenance
+
+    table = warehouse.open(t.JOBS)
+    target = table.metadata().configuration.get("delta.targetFileSize")
+    chunk = 100_000
+    for start in range(0, count, chunk):
+        requests = emulator.requests(min(chunk, count - start))
+        emulator.core.submit_many(requests, now)
+        rows = []
+        for request in requests:
+            record = emulator.core.job(request.id)
+            assert record is not None
+            rows.append(job_row(GROUP, JobState(record, queued_at=now)))
+        arrow = pa.Table.from_pylist(rows, schema=t.SCHEMAS[t.JOBS])
+        # Files of the table's target size if it has one (the MERGE's output), else a file a
+        # batch (the writer closes a file after each record batch over its target).
+        write_deltalake(
+            table,
+            arrow.to_batches(max_chunksize=batch_jobs),
+            mode="append",
+            target_file_size=int(target) if target else 1,
+        )
+        table.update_incremental()
+    if count:
+        Maintenance(warehouse).optimize([t.JOBS])
+
+
+def backlog_cost(
+    spark: SparkSession, base: Settings, backlog: int, history: int, batch_jobs: int, batches: int
+) -> BacklogResult:
+    """Identical batches over a backlog of `backlog` queued jobs: each batch submits N jobs
+    (queued behind the backlog), assigns N from the head of the queues and acks the N it
+    assigned the batch before (the jobs run for one batch), so every batch inserts N open rows,
+    updates N and moves N to the closed partition, whatever the backlog. Job ids are random
+    uuid4 hex, as clients choose them."""
+    import pyarrow as pa
+
+    from dispatch.delta import tables as t
+
+    settings = with_namespace(base, f"backlog-{backlog}", base.paths.var.parent)
+    warehouse = Warehouse.of(settings)
+    t.create_tables(spark, warehouse)
+    bulk_history(spark, warehouse, history)
+    # The cap never limits: N running per batch over 5 clients.
+    emulator = Emulator(workers=4, prefix="live", cap=10 * batch_jobs, id_seed=backlog + 1)
+    clock = 1_800_000_000.0
+    events = emulator.start(clock)
+    started = time.perf_counter()
+    bulk_backlog(warehouse, emulator, backlog, clock, batch_jobs)
+    backlog_load_s = time.perf_counter() - started
+    # The emulator's core holds the backlog's records in this process (a leader is a process
+    # of its own): out of reach of the collector, they do not slow the fold's allocations.
+    gc.collect()
+    gc.freeze()
+
+    batch = KafkaBatches(spark, settings, f"backlog-{backlog}")
+    writer = batch.writer
+    rss_before, arrow_before = _rss_mb(), pa.total_allocated_bytes() / 2**20
+    batch(events)  # the election and the workers joining: no job touched
+    for _ in range(batches + 1):
+        clock += 5.0
+        # Credit assigns N from the head of the queues; the new jobs queue behind them; the
+        # jobs assigned one batch earlier complete.
+        step = emulator.credit(clock, per_worker=batch_jobs // len(emulator.workers))
+        step += emulator.tick(clock, emulator.requests(batch_jobs), clock - 1.0)
+        batch(step)
+    batch.close()
+    gc.unfreeze()
+    measured = writer.history[2:]  # the start batch and one warm-up batch excluded
+    jobs = warehouse.open(t.JOBS)
+    metrics = [
+        commit.get("operationMetrics", {})
+        for commit in reversed(jobs.history(batches))
+        if commit.get("operation") == "MERGE"
+    ]
+    metric_names = (
+        "num_target_files_scanned", "num_target_files_skipped_during_scan",
+        "num_target_files_removed", "num_target_files_added", "num_target_rows_copied",
+        "num_output_rows", "scan_time_ms", "rewrite_time_ms", "execution_time_ms",
+    )  # fmt: skip
+    steps: dict[str, list[float]] = {
+        "read": [h.read_s for h in measured],
+        "fold": [h.fold_s - h.read_s for h in measured],
+        "jobs_merge": [h.jobs_merge_s for h in measured],
+        "other_commits": [h.events_write_s + h.stats_write_s + h.prune_s for h in measured],
+        "collect": [h.collect_s for h in measured],
+    }
+    open_files = len(jobs.file_uris(file_pruning_predicate=[("part", "=", "open")]))
+
+    return BacklogResult(
+        backlog=backlog,
+        history=history,
+        batch_jobs=batch_jobs,
+        batches=len(measured),
+        batch_total_s=percentiles([h.total_s for h in measured]),
+        steps_s={
+            name: {k: v for k, v in percentiles(values).items() if k in ("p50", "p95", "max")}
+            for name, values in steps.items()
+        },
+        merge_metrics_median={name: _median_metric(metrics, name) for name in metric_names},
+        merge_rows_copied=[int(m.get("num_target_rows_copied", 0)) for m in metrics],
+        first_read_s=round(writer.history[1].read_s, 3) if len(writer.history) > 1 else 0.0,
+        open_files=open_files,
+        backlog_load_s=round(backlog_load_s, 1),
+        rss_mb={
+            "before": rss_before,
+            "after": _rss_mb(),
+            "peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        },
+        arrow_mb={
+            "before": round(arrow_before, 1),
+            "after": round(pa.total_allocated_bytes() / 2**20, 1),
+        },
+    )
+
+
+def describe_backlog(results: Sequence[BacklogResult]) -> str:
+    """One line per backlog size: the batch's p50/p95 and where it goes."""
+    head = ("backlog", "batch p50", "p95", "read", "fold", "jobs MERGE", "other", "collect")
+    lines = [
+        f"batch cost against the backlog ({results[0].batch_jobs:,} jobs submitted, assigned "
+        f"and completed a batch; p50 / p95 in s)"
+        if results
+        else "no backlog run",
+        " ".join(f"{name:>13}" for name in head) + "  MERGE files scanned/rewritten, rows copied",
+    ]
+    for r in results:
+        cells = [f"{r.backlog:>13,}"]
+        cells += [f"{r.batch_total_s.get(k, math.nan):>13.3f}" for k in ("p50", "p95")]
+        for name in ("read", "fold", "jobs_merge", "other_commits", "collect"):
+            step = r.steps_s[name]
+            cells.append(f"{step.get('p50', math.nan):>6.3f}/{step.get('p95', math.nan):<6.3f}")
+        m = r.merge_metrics_median
+        cells.append(
+            f"  {m['num_target_files_scanned']:g}/{m['num_target_files_removed']:g}, "
+            f"{m['num_target_rows_copied']:,.0f}"
+        )
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
+
+
 # --- main --------------------------------------------------------------------------------------
 
 
@@ -572,6 +798,12 @@ def main(argv: list[str] | None = None) -> int:
         "--optimize-every", type=float, default=600.0, help="compaction interval (s)"
     )
     parser.add_argument("--history", default="10000,100000,1000000", help="history sizes")
+    parser.add_argument(
+        "--backlog", default="", help="queued-job backlog sizes (e.g. 0,100000,1000000)"
+    )
+    parser.add_argument(
+        "--backlog-history", type=int, default=10_000, help="finished jobs in the backlog runs"
+    )
     parser.add_argument("--batch-jobs", type=int, default=1000, help="jobs per MERGE batch")
     parser.add_argument("--batches", type=int, default=6, help="measured MERGE batches per size")
     parser.add_argument("--skip-freshness", action="store_true")
@@ -628,6 +860,17 @@ def main(argv: list[str] | None = None) -> int:
                     merges.append(asdict(merge))
                     print(json.dumps(merges[-1], indent=1), flush=True)
                 results["merge"] = merges
+            backlogs = []
+            for size in (int(part) for part in args.backlog.split(",") if part):
+                backlogs.append(
+                    backlog_cost(
+                        spark, settings, size, args.backlog_history, args.batch_jobs, args.batches
+                    )
+                )
+                print(json.dumps(asdict(backlogs[-1]), indent=1), flush=True)
+            if backlogs:
+                results["backlog"] = [asdict(result) for result in backlogs]
+                print(describe_backlog(backlogs), flush=True)
         finally:
             spark.stop()
     if args.json:

@@ -84,10 +84,12 @@ from streaming.fold import (
     prune_groups,
     touched_jobs,
 )
+from streaming.open_jobs import OpenJobs, narrowing
 from streaming.planned import JOBS_SOURCE, Planned
 from streaming.rollup import StatsRollup, stats_row
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
 
     from streaming.maintenance import Maintenance
@@ -101,6 +103,8 @@ _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _JOB_COLUMNS: list[str] = list(t.SCHEMAS[t.JOBS].names)
 DRIVER = "driver"
 EXECUTORS = "executors"
+_KEEPS_ROWS = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
+"""Operations that commit the same rows (in other files, or none removed)."""
 
 
 def _advanced(start: Offsets, end: Offsets) -> int:
@@ -146,6 +150,8 @@ class BatchTimings:
     jobs: int = 0
     collect_s: float = 0.0
     fold_s: float = 0.0
+    read_s: float = 0.0
+    """Of `fold_s`: reading the touched jobs' current rows (the driver's fold only)."""
     events_write_s: float = 0.0
     stats_write_s: float = 0.0
     prune_s: float = 0.0
@@ -173,6 +179,11 @@ class _Plan:
     touched: set[JobKey]
     current: dict[JobKey, JobState]
     fold: BatchFold
+    read_s: float = 0.0
+    """How long reading `current` took."""
+    open_seqs: list[int | None] | None = None
+    """The `seq` of each touched job's row in the open partition, as stored (see
+    `BatchWriter._merge_jobs`)."""
 
     def skipped(self) -> tuple[int, str | None]:
         """How many events records the fold did not take whole, and why the first was not."""
@@ -204,6 +215,20 @@ class _Positions:
     fence: dict[str, int]
 
 
+def _read_partition(table: DeltaTable, part: str, ids: pa.Array) -> pa.Table:
+    """The rows of partition `part` of `jobs` whose id is one of `ids`.
+
+    The partition is pruned by delta-rs (from the log); the ids are matched after the read,
+    not pushed down: pyarrow's pushdown fails on files delta-rs's MERGE wrote (`string_view`,
+    see dispatch/delta_sql.py), and DataFusion overflows its stack on an IN list of tens of
+    thousands of ids (a segfault at ~50k, deltalake 1.6.6). Ids are random (clients choose
+    them), so no file statistics could narrow the read either: it costs the whole partition,
+    hence the cache of the open one (`streaming.open_jobs`)."""
+    read = table.to_pyarrow_dataset(file_pruning_predicate=[("part", "=", part)]).to_table()
+    found = read.filter(pc.is_in(read["id"], value_set=ids))
+    return found.select(_JOB_COLUMNS).cast(t.SCHEMAS[t.JOBS])
+
+
 class BatchWriter:
     """The `foreachBatch` function. One instance per running query."""
 
@@ -215,6 +240,7 @@ class BatchWriter:
         maintenance: Maintenance | None = None,
         rollup: StatsRollup | None = None,
         fold_on: str = DRIVER,
+        cache_open_jobs: bool = True,
     ) -> None:
         if fold_on not in (DRIVER, EXECUTORS):
             raise ValueError(f"fold_on: expected {DRIVER!r} or {EXECUTORS!r}, got {fold_on!r}")
@@ -229,6 +255,12 @@ class BatchWriter:
         self._app_id: str | None = None
         self._positions: _Positions | None = None
         self.commits = DeltaCommits(warehouse)
+        self.cache_open_jobs = cache_open_jobs
+        """The driver's fold keeps the open partition of `jobs` in memory between batches
+        (`streaming.open_jobs`) instead of reading it each batch."""
+        self._open: OpenJobs | None = None
+        self.open_jobs_loads = 0
+        """How many times the open partition was read whole into the cache."""
         self.last: BatchTimings | None = None
         self.history: list[BatchTimings] = []
 
@@ -291,9 +323,10 @@ class BatchWriter:
         try:
             self._process(batch_df, batch_id)
         except BaseException:
-            # A write may or may not have committed: reload the positions from the tables
-            # before the batch is retried.
+            # A write may or may not have committed: reload the positions (and the open jobs)
+            # from the tables before the batch is retried.
             self._positions = None
+            self._open = None
             raise
 
     def _process(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -349,8 +382,10 @@ class BatchWriter:
         timings = BatchTimings(batch_id=batch_id, records=len(rows))
         timings.collect_s = time.perf_counter() - started
         mark = time.perf_counter()
-        planned = self.planned(batch_id, self._plan(rows))
+        plan = self._plan(rows)
+        planned = self.planned(batch_id, plan)
         timings.fold_s = time.perf_counter() - mark
+        timings.read_s = plan.read_s
         return self.write_planned(batch_id, planned, end, timings, spark=spark, started=started)
 
     def write_planned(
@@ -388,7 +423,7 @@ class BatchWriter:
 
         mark = time.perf_counter()
         positions.fence = planned.fence_after
-        self._merge_jobs(batch_id, end, planned.jobs_source)
+        self._merge_jobs(batch_id, end, planned.jobs_source, planned.open_seqs)
         for name in positions.tables:
             positions.tables[name] = end
         timings.jobs_merge_s = time.perf_counter() - mark
@@ -431,6 +466,7 @@ class BatchWriter:
             events_count=len(plan.logged),
             skipped_records=skipped,
             first_reason=first,
+            open_seqs=plan.open_seqs,
         )
 
     def _log_refusals(self, batch_id: int, planned: Planned) -> None:
@@ -453,9 +489,11 @@ class BatchWriter:
         logged, screened = screen_events(decoded)
         admitted, fence_after = fence_batch(logged, positions.fence)
         touched = touched_jobs(logged, admitted)
-        current, unreadable = self._current_jobs(
+        mark = time.perf_counter()
+        current, unreadable, open_seqs = self._current_jobs(
             touched, include_closed=bool(prune_groups(logged, admitted))
         )
+        read_s = time.perf_counter() - mark
         stats_from = positions.tables[t.STATS_PARTIAL].get(self.topics.events, {})
         fold = fold_batch(
             logged,
@@ -475,32 +513,35 @@ class BatchWriter:
             touched=touched,
             current=current,
             fold=fold,
+            read_s=read_s,
+            open_seqs=open_seqs,
         )
 
     # --- reading the touched jobs -------------------------------------------------------------
 
     def _current_jobs(
         self, keys: set[JobKey], *, include_closed: bool
-    ) -> tuple[dict[JobKey, JobState], dict[JobKey, str]]:
+    ) -> tuple[dict[JobKey, JobState], dict[JobKey, str], list[int | None]]:
         """The touched jobs' rows: the open partition (only open jobs can change), plus the
-        closed one in a batch with `pruned` events (a pruned id may be submitted again); and
-        the touched jobs whose row does not read back as a record, with why (a row an older
-        fold wrote unchecked: the batch refuses their events rather than stop)."""
+        closed one in a batch with `pruned` events (a pruned id may be submitted again); the
+        touched jobs whose row does not read back as a record, with why (a row an older
+        fold wrote unchecked: the batch refuses their events rather than stop); and the `seq`
+        of the touched jobs' open rows as stored, for the MERGE's file skipping."""
         if not keys:
-            return {}, {}
-        # The partition is pruned by delta-rs (from the log); the ids are matched after the
-        # read, not pushed down: pyarrow's pushdown fails on files delta-rs's MERGE wrote
-        # (`string_view`, see dispatch/delta_sql.py), and DataFusion overflows its stack on
-        # an IN list of tens of thousands of ids (a segfault at ~50k, deltalake 1.6.6).
-        dataset = self.commits.table(t.JOBS).to_pyarrow_dataset(
-            file_pruning_predicate=None if include_closed else [("part", "=", OPEN)]
-        )
-        read = dataset.to_table()
+            return {}, {}, []
+        table = self.commits.table(t.JOBS)
         ids = pa.array(sorted({job_id for _, job_id in keys}), pa.string())
-        found = read.filter(pc.is_in(read["id"], value_set=ids))
+        if self.cache_open_jobs:
+            open_rows = self._open_jobs(table).rows(keys)
+        else:
+            open_rows = _read_partition(table, OPEN, ids)
+        found = [open_rows]
+        if include_closed:
+            found.append(_read_partition(table, CLOSED, ids))
+        rows = pa.concat_tables(found)
         current: dict[JobKey, JobState] = {}
         unreadable: dict[JobKey, str] = {}
-        for row in found.to_pylist():
+        for row in rows.to_pylist():
             try:
                 key, state = job_state(row)
             except RECORD_ERRORS as error:
@@ -513,7 +554,70 @@ class BatchWriter:
                 if key in current:
                     raise RuntimeError(f"jobs holds job {key} twice")
                 current[key] = state
-        return current, unreadable
+        touched_open = [
+            (group, job_id) in keys
+            for group, job_id in zip(
+                open_rows["dispatch_group"].to_pylist(), open_rows["id"].to_pylist(), strict=True
+            )
+        ]
+        open_seqs: list[int | None] = (
+            open_rows["seq"].filter(pa.array(touched_open, pa.bool_())).to_pylist()
+        )
+        return current, unreadable, open_seqs
+
+    def _open_jobs(self, table: DeltaTable) -> OpenJobs:
+        """The cached open partition, valid at `table`'s version: loaded the first time, and
+        again whenever a commit it did not follow may have changed the open rows."""
+        version = table.version()
+        cached = self._open
+        if cached is not None and not self._keeps_open_rows(table, cached.version, version):
+            log.info(
+                "jobs moved from version %d to %d by commits this writer did not make: "
+                "reading its open partition again", cached.version, version,
+            )  # fmt: skip
+            cached = None
+        if cached is None:
+            started = time.perf_counter()
+            cached = OpenJobs.load(table)
+            self.open_jobs_loads += 1
+            log.info(
+                "open partition of jobs (version %d) read: %d jobs, %.0f MB of rows in %.2fs",
+                version, len(cached), cached.nbytes / 2**20, time.perf_counter() - started,
+            )  # fmt: skip
+        cached.version = version
+        self._open = cached
+        return cached
+
+    def _keeps_open_rows(self, table: DeltaTable, since: int, until: int) -> bool:
+        """Whether the `jobs` commits after version `since` up to `until` leave the open rows
+        as they were: compaction, VACUUM, or this query's own prune MERGE (it deletes closed
+        rows only). Anything else — another writer, a restart's commits — may not."""
+        if until < since:
+            return False
+        if until == since:
+            return True
+        for commit in table.history(table.version() - since):
+            if not since < commit["version"] <= until:
+                continue
+            if commit.get("operation") in _KEEPS_ROWS:
+                continue
+            progress = Progress.from_json(commit.get("userMetadata"))
+            if progress is not None and progress.kind == PRUNE and progress.app_id == self.app_id:
+                continue
+            return False
+        return True
+
+    def _follow_merge(self, source: pa.Table, version: int | None) -> None:
+        """Bring the cached open partition to the `jobs` MERGE just committed (`version`) of
+        `source`, if nothing else changed the open rows since the cache's version."""
+        cached = self._open
+        if cached is None or version is None:
+            return
+        table = self.commits.table(t.JOBS)
+        if self._keeps_open_rows(table, cached.version, version - 1):
+            cached.apply(source, version)
+        else:
+            self._open = None
 
     # --- writes ---------------------------------------------------------------------------------
 
@@ -702,18 +806,31 @@ class BatchWriter:
                 .execute()
             )
 
-    def _merge_jobs(self, batch_id: int, end: Offsets, source: pa.Table) -> None:
+    def _merge_jobs(
+        self,
+        batch_id: int,
+        end: Offsets,
+        source: pa.Table,
+        open_seqs: list[int | None] | None = None,
+    ) -> None:
         """The batch's last commit: upsert the folded jobs, delete the pruned ones, and record
         the batch's progress. Made even when no job changed (a batch of heartbeats or submit
         records only: `DeltaCommits.merge` then commits the progress with no data), so the
-        snapshot pointer, the fence epochs and the lag always move with the log."""
+        snapshot pointer, the fence epochs and the lag always move with the log.
+
+        `open_seqs`, when the fold knows them (on the driver): the `seq` of every touched
+        job's row in the open partition, as stored. The MERGE then scans only the files whose
+        `seq` statistics may hold one of those rows, not the whole backlog of queued jobs; a
+        touched job with no row among them has none in the open partition, so no match is
+        lost in the files skipped."""
         columns = {name: f"s.`{name}`" for name in _JOB_COLUMNS}
-        self.commits.merge(
+        # Only open jobs can change: the partition literal keeps the closed history (the
+        # bulk of the table) out of the scan, and the `seq` ranges the queued backlog.
+        files = "" if open_seqs is None else f" AND {narrowing('t.seq', open_seqs)}"
+        version = self.commits.merge(
             t.JOBS,
             source,
-            # Only open jobs can change: the partition literal keeps the closed history (the
-            # bulk of the table) out of the scan, so the cost follows the backlog.
-            f"t.part = '{OPEN}' AND t.dispatch_group = s.dispatch_group AND t.id = s.id",
+            f"t.part = '{OPEN}'{files} AND t.dispatch_group = s.dispatch_group AND t.id = s.id",
             lambda merge: (
                 merge.when_matched_delete(predicate="s._delete")
                 .when_matched_update(updates=columns)
@@ -723,6 +840,7 @@ class BatchWriter:
             version=batch_id,
             metadata=self._progress(batch_id, end).to_json(),
         )
+        self._follow_merge(source, version)
 
     @staticmethod
     def jobs_source(fold: BatchFold) -> pa.Table:

@@ -73,17 +73,17 @@ class DeltaCommits:
         app_id: str,
         version: int,
         metadata: str,
-    ) -> bool:
+    ) -> int | None:
         """MERGE `source` (alias `s`) into `name` (alias `t`) with the `clauses` the caller adds,
-        as the app's commit `version` with `metadata`; False (nothing written) when that commit
-        is already in the table.
+        as the app's commit `version` with `metadata`: the table version committed, or None
+        (nothing written) when that commit is already in the table.
 
         The commit is always made: delta-rs writes no commit at all for a MERGE with nothing to
         write (an empty source, or source rows that match nothing and insert nothing), so such
         a MERGE is followed by a commit with no data carrying the same `txn` and metadata."""
         table = self.table(name)
         if _holds(table, app_id, version):
-            return False
+            return None
         properties = _properties(app_id, version, metadata)
         if source.num_rows:
             merger = table.merge(
@@ -98,11 +98,16 @@ class DeltaCommits:
                 commit_properties=properties,
             )
             clauses(merger).execute()
-            table.update_incremental()
+            # The handle is at the MERGE's commit now, if it made one (no later version: a
+            # commit racing this one would have failed it).
+            committed = table.version()
             if _holds(table, app_id, version):
-                return True
+                return committed
         _commit_no_data(table, properties)
-        return True
+        # That commit does not move the handle; the next version is its own unless another
+        # writer's came first (then the caller sees commits it did not make, and reloads).
+        table.update_incremental()
+        return table.version()
 
 
 def _commit_no_data(table: DeltaTable, properties: CommitProperties) -> None:

@@ -54,8 +54,13 @@ class MaintenancePolicy:
 
 
 _DATE_PARTITIONED = (t.EVENTS, t.STATS, t.REJECTED, t.JOBS_ARCHIVE)
-"""Compacted partition by partition; `jobs` (two partitions) and `stats_partial` (emptied by
-every roll-up) whole."""
+"""Compacted partition by partition; `stats_partial` (emptied by every roll-up) whole."""
+
+_COMPACTED_PARTS: dict[str, list[tuple[str, str, str]]] = {t.JOBS: [("part", "=", "closed")]}
+"""Tables compacted in part only. `jobs`: its closed partition; the open one keeps the files
+each batch's MERGE writes (`tables.JOBS_FILE_BYTES` each): binning them together would join
+rows queued at different times into files whose `seq` statistics cover them all, and every
+batch's MERGE would then scan and rewrite those big files for the few rows it changes."""
 
 
 class Maintenance:
@@ -121,7 +126,7 @@ class Maintenance:
             table = self.warehouse.open(name)
             recent = [("date", ">=", since.isoformat())] if name in _DATE_PARTITIONED else None
             table.optimize.compact(
-                partition_filters=recent,
+                partition_filters=_COMPACTED_PARTS.get(name, recent),
                 target_size=policy.target_file_mb * 1024 * 1024,
                 # One core is the batch's: compaction may take the other.
                 max_concurrent_tasks=1,

@@ -48,3 +48,7 @@ class Planned:
     """Events records the fold did not take whole (each has a `rejected` row)."""
     first_reason: str | None = None
     """Why the first of them was skipped, for the batch's warning."""
+    open_seqs: list[int | None] | None = None
+    """The `seq` of every touched job's row in the open partition as stored, when the fold
+    read them (on the driver): the `jobs` MERGE then scans only the files that may hold them
+    (`BatchWriter._merge_jobs`). None: unknown, the MERGE scans the whole open partition."""

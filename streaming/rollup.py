@@ -154,6 +154,6 @@ class StatsRollup:
             version=through,
             metadata=rollup_metadata(through),
         )
-        if not written:
+        if written is None:
             return
         log.info("stats roll-up through batch_end %d: %d rows", through, len(rows))

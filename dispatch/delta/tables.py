@@ -184,6 +184,20 @@ TABLE_PROPERTIES: dict[str, str] = {
     "delta.enableInCommitTimestamps": "false",
 }
 
+JOBS_FILE_BYTES = 1 << 20
+"""The size delta-rs's writers aim at for a file of `jobs` (its `delta.targetFileSize`), about
+20,000 rows. A batch's MERGE rewrites every file holding a row it changes, and scans every
+file whose `seq` statistics may hold one: with files this size, a backlog of queued jobs
+spread over many of them costs a batch the few files it touches, not the whole open partition
+(BENCHMARKS.md, *Streaming*, *Batch cost against the backlog*). The MERGE writes its output in
+that order: new rows first, then the rewritten files' rows in their order; so the rows it
+inserts, which wait in the queue longest, end up in files of their own once a file fills."""
+
+TABLE_PROPERTIES_OF: dict[str, dict[str, str]] = {
+    JOBS: {"delta.targetFileSize": str(JOBS_FILE_BYTES)},
+}
+"""Properties of one table, besides `TABLE_PROPERTIES`."""
+
 
 def spark_schema(name: str) -> StructType:
     return spark_schema_of(SCHEMAS[name])
@@ -211,11 +225,21 @@ def create_tables(spark: SparkSession, warehouse: Warehouse) -> None:
 
     for name in SCHEMAS:
         path = warehouse.table(name)
-        if DeltaTable.isDeltaTable(spark, path):
-            continue
-        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(spark_schema(name))
-        if PARTITIONS[name]:
-            builder = builder.partitionedBy(*PARTITIONS[name])
-        for key, value in TABLE_PROPERTIES.items():
-            builder = builder.property(key, value)
-        builder.execute()
+        if not DeltaTable.isDeltaTable(spark, path):
+            builder = (
+                DeltaTable.createIfNotExists(spark).location(path).addColumns(spark_schema(name))
+            )
+            if PARTITIONS[name]:
+                builder = builder.partitionedBy(*PARTITIONS[name])
+            for key, value in TABLE_PROPERTIES.items():
+                builder = builder.property(key, value)
+            builder.execute()
+        own = TABLE_PROPERTIES_OF.get(name)
+        if own:
+            # Set by delta-rs, which knows them (Spark's Delta refuses `delta.targetFileSize`
+            # as unknown); also on a table created before they existed.
+            table = warehouse.open(name)
+            configuration = table.metadata().configuration
+            missing = {key: value for key, value in own.items() if configuration.get(key) != value}
+            if missing:
+                table.alter.set_table_properties(missing)

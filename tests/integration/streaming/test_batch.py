@@ -58,7 +58,7 @@ def versions(settings: Settings) -> dict[str, int]:
 class CrashBeforeJobs(BatchWriter):
     """Dies after events, rejected and stats are committed, before the jobs MERGE."""
 
-    def _merge_jobs(self, batch_id: int, end: Any, source: pa.Table) -> None:
+    def _merge_jobs(self, batch_id: int, end: Any, source: pa.Table, open_seqs: Any = None) -> None:
         raise RuntimeError("killed before the jobs MERGE")
 
 

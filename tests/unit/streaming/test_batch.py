@@ -7,9 +7,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -52,10 +54,13 @@ def queued(job_id: str, seq: int) -> JobRecord:
     )  # fmt: skip
 
 
-def test_a_batch_touching_60k_jobs_reads_their_rows_from_merged_files(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cache_open_jobs", [True, False])
+def test_a_batch_touching_60k_jobs_reads_their_rows_from_merged_files(
+    tmp_path: Path, cache_open_jobs: bool
+) -> None:
     """The touched jobs' rows are read from files delta-rs's MERGE wrote (string_view inside:
     no pyarrow pushdown) for a batch of tens of thousands of jobs (no huge SQL IN list: that
-    crashed DataFusion at ~50k)."""
+    crashed DataFusion at ~50k), through the cache of the open partition or not."""
     warehouse = Warehouse.at(tmp_path / "delta")
     rows = [job_row("g", JobState(queued(f"job-{n}", n))) for n in range(70_000)]
     path = warehouse.table(t.JOBS)
@@ -64,12 +69,18 @@ def test_a_batch_touching_60k_jobs_reads_their_rows_from_merged_files(tmp_path: 
         t.arrow_rows(t.JOBS, rows[50_000:]), "t.id = s.id", source_alias="s", target_alias="t"
     )
     merge.when_matched_update_all().when_not_matched_insert_all().execute()
-    writer = BatchWriter(warehouse, Topics("s", "e", "r"), Location.at(tmp_path / "checkpoint"))
+    writer = BatchWriter(
+        warehouse,
+        Topics("s", "e", "r"),
+        Location.at(tmp_path / "checkpoint"),
+        cache_open_jobs=cache_open_jobs,
+    )
     wanted = {("g", f"job-{n}") for n in range(0, 70_000, 7)} | {("g", "job-never")}
     wanted |= {("g", f"job-{n}") for n in range(10_000, 70_000)}
-    current, unreadable = writer._current_jobs(wanted, include_closed=False)
+    current, unreadable, open_seqs = writer._current_jobs(wanted, include_closed=False)
     assert set(current) == wanted - {("g", "job-never")} and not unreadable
     assert current[("g", "job-65000")].record.payload == {"n": 65000}
+    assert Counter(open_seqs) == Counter(state.record.seq for state in current.values())
 
 
 # --- hostile records: skipped and recorded, never raised ---------------------------------------
@@ -94,8 +105,8 @@ class InMemoryWriter(BatchWriter):
 
     def _current_jobs(
         self, keys: set[JobKey], *, include_closed: bool
-    ) -> tuple[dict[JobKey, JobState], dict[JobKey, str]]:
-        return {}, {}
+    ) -> tuple[dict[JobKey, JobState], dict[JobKey, str], list[int | None]]:
+        return {}, {}, []
 
 
 def all_rows_fit(writer: BatchWriter, rows: list[KafkaRow]) -> dict[str, Any]:

@@ -170,6 +170,9 @@ class FreshnessResult:
     fold_catch_up_s: float | None
     """From the emulator's end until the fold had read everything; None: not within the wait."""
     batches: int
+    batches_on_executors: int
+    """Of `batches`, those folded on the executors (`auto` on a cluster folds a batch under
+    `spark.executor_fold_min_records` on the driver)."""
     batch_s: dict[str, float]
     steps_median_s: dict[str, float]
     records_per_batch_median: float
@@ -350,6 +353,7 @@ def freshness(
         emulator=emulator,
         fold_catch_up_s=caught_up,
         batches=len(history),
+        batches_on_executors=sum(1 for h in history if h.on_executors),
         batch_s=percentiles([h.total_s for h in history]),
         steps_median_s={
             step: round(statistics.median(getattr(h, step) for h in history), 3)
@@ -392,7 +396,8 @@ def describe(result: FreshnessResult) -> str:
         f"emulator: cap {e['cap_per_client']:,}/client, credit {e['credit_per_worker']:,}/worker,"
         f" busy {e['busy_fraction']:.0%}, lag p95 {e['lag_s'].get('p95')} s, max "
         f"{e['lag_s'].get('max')} s; events records acknowledged p95 {e['write_s'].get('p95')} s",
-        f"fold: {r.batches} batches, p50 {r.batch_s.get('p50')} s, p95 {r.batch_s.get('p95')} s, "
+        f"fold: {r.batches} batches ({r.batches_on_executors} on the executors), p50 "
+        f"{r.batch_s.get('p50')} s, p95 {r.batch_s.get('p95')} s, "
         f"median {r.records_per_batch_median:g} records; caught up {caught_up}",
         "kept up: yes" if r.kept_up else "kept up: NO\n  " + "\n  ".join(r.shortfalls),
     ]

@@ -290,6 +290,11 @@ class SparkSettings(_Section):
     """Memory each worker of the stack's own cluster offers its executors."""
     worker_cores: int = Field(1, ge=1)
     """Cores each worker of the stack's own cluster offers its executors."""
+    executor_fold_min_records: int = Field(20_000, ge=0)
+    """On a cluster (`fold_on = auto`), a micro-batch of fewer Kafka records than this is
+    folded on the driver, a larger one on the executors: a fold on the executors costs
+    seconds of Spark jobs whatever the batch's size (docs/streaming.md, *Where the fold
+    runs*). 0: every batch on the executors."""
 
     @model_validator(mode="after")
     def _own_cluster_on_loopback(self) -> SparkSettings:

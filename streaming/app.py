@@ -134,6 +134,10 @@ def start(
         maintenance,
         rollup,
         fold_on=fold_place(options.fold_on, settings.spark.master),
+        # Only `auto` sends small batches to the driver: an explicit `executors` means all.
+        executor_min_records=(
+            settings.spark.executor_fold_min_records if options.fold_on == AUTO else 0
+        ),
     )
     fresh = not checkpoint.child("offsets").has_files()
     reader = (

@@ -36,8 +36,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +50,7 @@ from dispatch.delta.progress import BATCH, PRUNE, Committed, Offsets, Progress, 
 from dispatch.delta.stats import MinuteStats, StatsKey
 from dispatch.storage import Location
 from dispatch.warehouse import Warehouse
-from streaming import guard
+from streaming import guard, spark_writes
 from streaming.decode import (
     RECORD_ERRORS,
     KafkaRow,
@@ -97,10 +96,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UTC = dt.UTC
-_TXN_APP = "spark.databricks.delta.write.txnAppId"
-_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _JOB_COLUMNS: list[str] = list(t.SCHEMAS[t.JOBS].names)
+_JOBS_MERGE_COLUMNS = {name: f"s.`{name}`" for name in _JOB_COLUMNS}
+# Only open jobs can change: the partition literal keeps the closed history (the bulk of the
+# table) out of the scan, so the cost follows the backlog.
+_JOBS_MERGE_PREDICATE = f"t.part = '{OPEN}' AND t.dispatch_group = s.dispatch_group AND t.id = s.id"
 DRIVER = "driver"
 EXECUTORS = "executors"
 _KEEPS_ROWS = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
@@ -160,6 +160,8 @@ class BatchTimings:
     maintenance_s: float = 0.0
     maintenance_steps: int = 0
     total_s: float = 0.0
+    on_executors: bool = False
+    """Folded on Spark's executors (else collected and folded on the driver)."""
 
 
 @dataclass(frozen=True)
@@ -241,12 +243,16 @@ class BatchWriter:
         rollup: StatsRollup | None = None,
         fold_on: str = DRIVER,
         cache_open_jobs: bool = True,
+        executor_min_records: int = 0,
     ) -> None:
         if fold_on not in (DRIVER, EXECUTORS):
             raise ValueError(f"fold_on: expected {DRIVER!r} or {EXECUTORS!r}, got {fold_on!r}")
         self.fold_on = fold_on
         """Where a batch is folded: on Spark's executors (`streaming.executor_plan`), or
         collected to the driver and folded there (`_plan`)."""
+        self.executor_min_records = executor_min_records
+        """With `fold_on = executors`, a batch of fewer Kafka records is folded on the driver
+        all the same (`SparkSettings.executor_fold_min_records`)."""
         self.warehouse = warehouse
         self.topics = topics
         self.checkpoint = checkpoint
@@ -331,29 +337,48 @@ class BatchWriter:
 
     def _process(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
-        positions = self.positions()
+        if self.fold_on == EXECUTORS:
+            end = self._end_on_executors(batch_df, batch_id)
+            records = _advanced(self.positions().tables[t.JOBS], end)
+            if records >= self.executor_min_records:
+                self._fold_on_executors(batch_df, batch_id, end, records, started)
+                return
+            # A small batch: the executors' fold costs seconds of Spark jobs whatever the
+            # batch's size, the driver's a fraction of one (docs/streaming.md).
+        self._fold_on_driver(batch_df, batch_id, started)
+
+    def _end_on_executors(self, batch_df: DataFrame, batch_id: int) -> Offsets:
+        """The batch's end offsets from the checkpoint, or else from Spark (no collect)."""
         from pyspark.sql import functions as F
 
-        if self.fold_on == EXECUTORS:
-            from streaming.executor_plan import plan_on_executors
+        end = batch_end_offsets(self.checkpoint, batch_id)
+        if end is None:
+            ends = batch_df.groupBy("topic", "partition").agg(F.max("offset")).collect()
+            end = {}
+            for topic, partition, last in ends:
+                end.setdefault(topic, {})[partition] = last + 1
+        return merge_offsets(self.positions().tables[t.JOBS], end)
 
-            timings = BatchTimings(batch_id=batch_id)
-            end = batch_end_offsets(self.checkpoint, batch_id)
-            if end is None:
-                ends = batch_df.groupBy("topic", "partition").agg(F.max("offset")).collect()
-                end = {}
-                for topic, partition, last in ends:
-                    end.setdefault(topic, {})[partition] = last + 1
-            end = merge_offsets(positions.tables[t.JOBS], end)
-            timings.records = _advanced(positions.tables[t.JOBS], end)
-            mark = time.perf_counter()
-            planned = plan_on_executors(self, batch_df, batch_id)
-            timings.fold_s = time.perf_counter() - mark
+    def _fold_on_executors(
+        self, batch_df: DataFrame, batch_id: int, end: Offsets, records: int, started: float
+    ) -> None:
+        from streaming.executor_plan import plan_on_executors
+
+        timings = BatchTimings(batch_id=batch_id, records=records, on_executors=True)
+        mark = time.perf_counter()
+        planned = plan_on_executors(self, batch_df, batch_id)
+        timings.fold_s = time.perf_counter() - mark
+        try:
             self.write_planned(
                 batch_id, planned, end, timings, spark=batch_df.sparkSession, started=started
             )
-            return
+        finally:
+            planned.release()
 
+    def _fold_on_driver(self, batch_df: DataFrame, batch_id: int, started: float) -> None:
+        from pyspark.sql import functions as F
+
+        positions = self.positions()
         # The time as microseconds: a producer-set time past year 9999 would make the
         # conversion to Python datetimes raise for the whole batch (kafka_rows clamps it).
         arrow = batch_df.select(
@@ -400,12 +425,24 @@ class BatchWriter:
     ) -> BatchTimings:
         """Write a planned batch, in the order the module's docstring gives."""
         positions = self.positions()
+        on_executors = planned.on_executors
         timings.events = planned.events_count
-        timings.jobs = planned.jobs_source.num_rows
+        timings.jobs = (
+            planned.jobs_source.num_rows if on_executors is None else on_executors.jobs_rows
+        )
         self._log_refusals(batch_id, planned)
 
         mark = time.perf_counter()
-        if planned.events.num_rows:
+        if on_executors is not None and on_executors.events is not None:
+            if on_executors.events_rows:
+                spark_writes.append(
+                    on_executors.events,
+                    self.warehouse.table(t.EVENTS),
+                    app_id=self.app_id,
+                    version=batch_id,
+                    metadata=self._progress(batch_id, end).to_json(),
+                )
+        elif planned.events.num_rows:
             self._append(t.EVENTS, planned.events, batch_id, self._progress(batch_id, end))
         timings.events_write_s = time.perf_counter() - mark
         mark = time.perf_counter()
@@ -423,7 +460,12 @@ class BatchWriter:
 
         mark = time.perf_counter()
         positions.fence = planned.fence_after
-        self._merge_jobs(batch_id, end, planned.jobs_source, planned.open_seqs)
+        if on_executors is None:
+            self._merge_jobs(batch_id, end, planned.jobs_source, planned.open_seqs)
+        else:
+            if spark is None:
+                raise RuntimeError("a batch folded on the executors needs the Spark session")
+            self._spark_merge_jobs(spark, batch_id, end, on_executors.jobs)
         for name in positions.tables:
             positions.tables[name] = end
         timings.jobs_merge_s = time.perf_counter() - mark
@@ -441,9 +483,10 @@ class BatchWriter:
         self.history.append(timings)
         del self.history[:-1000]
         log.info(
-            "batch %d: %d records, %d events, %d jobs in %.2fs (fold %.2fs, jobs merge %.2fs)",
+            "batch %d: %d records, %d events, %d jobs in %.2fs (fold on the %s %.2fs, jobs "
+            "merge %.2fs)",
             batch_id, timings.records, timings.events, timings.jobs, timings.total_s,
-            timings.fold_s, timings.jobs_merge_s,
+            EXECUTORS if timings.on_executors else DRIVER, timings.fold_s, timings.jobs_merge_s,
         )  # fmt: skip
         return timings
 
@@ -626,21 +669,6 @@ class BatchWriter:
             name, rows, app_id=self.app_id, version=batch_id, metadata=progress.to_json()
         )
 
-    @contextmanager
-    def _merge_commit(
-        self, spark: SparkSession, batch_id: int, progress: Progress, app_suffix: str = ""
-    ) -> Iterator[None]:
-        """Key the MERGE(s) inside on the batch and attach the progress to their commit."""
-        conf = spark.conf
-        conf.set(_TXN_APP, self.app_id + app_suffix)
-        conf.set(_TXN_VERSION, str(batch_id))
-        conf.set(_USER_METADATA, progress.to_json())
-        try:
-            yield
-        finally:
-            for key in (_TXN_APP, _TXN_VERSION, _USER_METADATA):
-                conf.unset(key)
-
     def events_rows(self, batch_id: int, plan: _Plan) -> list[dict[str, Any]]:
         """The batch's `events` rows the table has not absorbed yet. An event the fold
         refused keeps its row, with the reason in `error`; one whose values no column holds
@@ -795,7 +823,9 @@ class BatchWriter:
         )
         target = DeltaTable.forPath(spark, jobs_path)
         progress = self._progress(batch_id, end, kind=PRUNE)
-        with self._merge_commit(spark, batch_id, progress, app_suffix="-prune"):
+        with spark_writes.keyed_on_batch(
+            spark, self.app_id + "-prune", batch_id, progress.to_json()
+        ):
             (
                 target.alias("t")
                 .merge(
@@ -823,7 +853,6 @@ class BatchWriter:
         `seq` statistics may hold one of those rows, not the whole backlog of queued jobs; a
         touched job with no row among them has none in the open partition, so no match is
         lost in the files skipped."""
-        columns = {name: f"s.`{name}`" for name in _JOB_COLUMNS}
         # Only open jobs can change: the partition literal keeps the closed history (the
         # bulk of the table) out of the scan, and the `seq` ranges the queued backlog.
         files = "" if open_seqs is None else f" AND {narrowing('t.seq', open_seqs)}"
@@ -833,14 +862,35 @@ class BatchWriter:
             f"t.part = '{OPEN}'{files} AND t.dispatch_group = s.dispatch_group AND t.id = s.id",
             lambda merge: (
                 merge.when_matched_delete(predicate="s._delete")
-                .when_matched_update(updates=columns)
-                .when_not_matched_insert(updates=columns, predicate="NOT s._delete")
+                .when_matched_update(updates=_JOBS_MERGE_COLUMNS)
+                .when_not_matched_insert(updates=_JOBS_MERGE_COLUMNS, predicate="NOT s._delete")
             ),
             app_id=self.app_id,
             version=batch_id,
             metadata=self._progress(batch_id, end).to_json(),
         )
         self._follow_merge(source, version)
+
+    def _spark_merge_jobs(
+        self, spark: SparkSession, batch_id: int, end: Offsets, source: DataFrame
+    ) -> None:
+        """`_merge_jobs` for a source that stayed on the executors: Spark's MERGE, then the
+        progress alone if that MERGE made no commit (nothing to write, or the batch's commit
+        was in the table already), so the batch's progress always lands."""
+        metadata = self._progress(batch_id, end).to_json()
+        spark_writes.merge_jobs(
+            spark,
+            source,
+            self.warehouse.table(t.JOBS),
+            _JOBS_MERGE_PREDICATE,
+            _JOBS_MERGE_COLUMNS,
+            app_id=self.app_id,
+            version=batch_id,
+            metadata=metadata,
+        )
+        self.commits.commit_progress(
+            t.JOBS, app_id=self.app_id, version=batch_id, metadata=metadata
+        )
 
     @staticmethod
     def jobs_source(fold: BatchFold) -> pa.Table:

@@ -109,6 +109,15 @@ class DeltaCommits:
         table.update_incremental()
         return table.version()
 
+    def commit_progress(self, name: str, *, app_id: str, version: int, metadata: str) -> bool:
+        """The app's commit `version` with `metadata` and no data, unless the table holds that
+        commit already (another writer, Spark, may have made it); True when it was made here."""
+        table = self.table(name)
+        if _holds(table, app_id, version):
+            return False
+        _commit_no_data(table, _properties(app_id, version, metadata))
+        return True
+
 
 def _commit_no_data(table: DeltaTable, properties: CommitProperties) -> None:
     """A commit with no file action: only `commitInfo` (with the user metadata) and the `txn`.

@@ -13,9 +13,12 @@ The driver never holds the batch's records or events. It runs Spark jobs over th
    on the touched keys) are repartitioned by job and folded on the executors
    (`partition_fold.fold_partition`, i.e. `fold_batch`, the one fold function), one Python call
    per partition;
-4. what the batch writes comes back to the driver as Arrow (the jobs' new rows, the `events`
-   rows with their fence verdict, the partitions' statistics) and is committed as a
-   driver-side fold's would be (`BatchWriter.write_planned`).
+4. what the batch writes stays on the executors where it is large — the jobs' new rows and
+   the `events` rows with their fence verdict, cached until written, then written by Spark
+   (`spark_writes.py`: the executors write the files, the driver commits once per table) —
+   and comes to the driver as Arrow where it is small (the partitions' statistics, archived
+   lives, refusals); `BatchWriter.write_planned` commits it all in the order a driver-side
+   fold's batch is committed.
 
 The rare parts stay on the driver: a batch's `rejected` rows (rejection records, and events
 records with an undecodable value or refused events) are built from those records alone, by
@@ -65,8 +68,9 @@ from streaming.partition_fold import (
     logged_event,
     prune_steps,
 )
-from streaming.planned import Planned
+from streaming.planned import JOBS_SOURCE, Planned
 from streaming.rollup import aggregate
+from streaming.spark_writes import ExecutorRows
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -212,11 +216,20 @@ def plan_on_executors(writer: BatchWriter, batch_df: DataFrame, batch_id: int) -
         functools.partial(explode_records, batch_id=batch_id),
         t.SCHEMAS[t.EVENTS],
     ).persist(StorageLevel.MEMORY_AND_DISK)
+    # Cached until the batch is written: the plan's frames are read again by the writes.
+    cached = [records, exploded]
     try:
-        return _plan(writer, spark, records, exploded, batch_id, fold_mark, events_mark)
-    finally:
-        exploded.unpersist()
-        records.unpersist()
+        planned = _plan(writer, spark, records, exploded, batch_id, fold_mark, events_mark, cached)
+    except BaseException:
+        _unpersist(cached)
+        raise
+    planned.release = functools.partial(_unpersist, cached)
+    return planned
+
+
+def _unpersist(frames: Sequence[DataFrame]) -> None:
+    for frame in reversed(frames):
+        frame.unpersist()
 
 
 def _plan(
@@ -227,7 +240,9 @@ def _plan(
     batch_id: int,
     fold_mark: Offsets,
     events_mark: Offsets,
+    cached: list[DataFrame],
 ) -> Planned:
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     topics = writer.topics
@@ -299,18 +314,26 @@ def _plan(
     by_job = job_events.unionByName(current_rows).repartition(
         spark.sparkContext.defaultParallelism, "dispatch_group", "job_id"
     )
+    folded_frame = _map_in_arrow(
+        by_job,
+        functools.partial(fold_partition, prunes=prunes, stats_from=stats_from),
+        FOLD_OUTPUT,
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(folded_frame)
+    is_job = F.col("kind") == KIND_JOB
     with _described(spark, f"{FOLD_JOB}, batch {batch_id}"):
-        folded = _map_in_arrow(
-            by_job,
-            functools.partial(fold_partition, prunes=prunes, stats_from=stats_from),
-            FOLD_OUTPUT,
-        ).toArrow()
+        # The fold runs here, once (cached): the jobs' rows stay on the executors for Spark's
+        # MERGE; what comes to the driver is their count and the few other rows.
+        jobs_rows = folded_frame.where(is_job).count()
+    folded = folded_frame.where(~is_job).toArrow()
     kinds = folded.column("kind")
 
     def of_kind(kind: str, column: str) -> pa.ChunkedArray:
         return folded.filter(pc.equal(kinds, kind)).column(column)
 
-    jobs_source = _struct_table(of_kind(KIND_JOB, "job")).cast(pa.schema(list(JOB_ROW)))
+    jobs_frame = folded_frame.where(is_job).select(
+        *[F.col(f"job.{field.name}").alias(field.name) for field in JOB_ROW]
+    )
     refusals = (
         folded.filter(pc.equal(kinds, KIND_REFUSED))
         .select(["partition", "offset", "idx", "reason"])
@@ -326,21 +349,14 @@ def _plan(
         functools.partial(explode_other_records, batch_id=batch_id, submit_topic=topics.submit),
         t.SCHEMAS[t.EVENTS],
     )
-    bronze = (
+    bronze_frame = (
         exploded.where(_unseen_records(events_mark, [topics.events]))
         .withColumn("admitted", F.when(is_event, admitted).otherwise(F.lit(None)))
         .unionByName(others)
-        .toArrow()
-        .cast(t.SCHEMAS[t.EVENTS])
     )
-    if refusals:
-        bronze = _with_refusals(bronze, refusals)
+    events = _events_rows(bronze_frame, refusals, topics.rejected, cached)
 
-    if (
-        any(row["kind"] != EVENT_KIND for row in control)
-        or refusals
-        or _has(bronze, topics.rejected)
-    ):
+    if any(row["kind"] != EVENT_KIND for row in control) or refusals or events.has_rejected:
         rejected, skipped, first = _rejected(writer, records, batch_id, control, refusals)
     else:
         rejected, skipped, first = t.empty_table(t.REJECTED), 0, None
@@ -353,18 +369,65 @@ def _plan(
             for row in current.where(F.col("part") != OPEN).select("dispatch_group", "id").collect()
         ]
     return Planned(
-        events=bronze,
+        events=events.arrow,
         rejected=rejected,
         stats=stats,
-        jobs_source=jobs_source,
+        jobs_source=JOBS_SOURCE.empty_table(),
         fence_after=fence.after,
         archived=archived,
         prunes=prune_steps(prunes),
         touched=touched_keys,
         closed_touched=closed_touched,
-        events_count=int(pc.sum(pc.equal(bronze.column("kind"), EVENT_KIND)).as_py() or 0),
+        events_count=events.logged,
         skipped_records=skipped,
         first_reason=first,
+        on_executors=ExecutorRows(
+            jobs=jobs_frame, jobs_rows=jobs_rows, events=events.frame, events_rows=events.rows
+        ),
+    )
+
+
+@dataclass
+class _EventsRows:
+    """A batch's `events` rows: on the executors (`frame`) or, with refusals, on the driver
+    (`arrow`), with their counts."""
+
+    arrow: pa.Table
+    frame: DataFrame | None
+    rows: int
+    logged: int
+    """Rows of logged events (the other rows are submissions and rejections)."""
+    has_rejected: bool
+    """Whether a row comes from the rejected topic."""
+
+
+def _events_rows(
+    bronze: DataFrame, refusals: Sequence[Mapping[str, Any]], rejected_topic: str, cached: list[Any]
+) -> _EventsRows:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    events_schema = t.spark_schema_of(t.SCHEMAS[t.EVENTS])
+    typed = bronze.select(*[F.col(f.name).cast(f.dataType) for f in events_schema.fields])
+    if refusals:
+        # Rare: the refused events' rows carry their reasons, set row by row on the driver.
+        arrow = _with_refusals(typed.toArrow().cast(t.SCHEMAS[t.EVENTS]), refusals)
+        return _EventsRows(
+            arrow=arrow,
+            frame=None,
+            rows=arrow.num_rows,
+            logged=int(pc.sum(pc.equal(arrow.column("kind"), EVENT_KIND)).as_py() or 0),
+            has_rejected=_has(arrow, rejected_topic),
+        )
+    frame = typed.persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(frame)
+    counts = frame.groupBy("kind", "topic").count().collect()
+    return _EventsRows(
+        arrow=t.empty_table(t.EVENTS),
+        frame=frame,
+        rows=sum(int(row["count"]) for row in counts),
+        logged=sum(int(row["count"]) for row in counts if row["kind"] == EVENT_KIND),
+        has_rejected=any(row["topic"] == rejected_topic for row in counts),
     )
 
 
@@ -378,12 +441,6 @@ def _null(schema: Any, name: str) -> Column:
 def _has(bronze: pa.Table, topic: str) -> bool:
     """Whether the batch's `events` rows hold a record of `topic`."""
     return bool(pc.any(pc.equal(bronze.column("topic"), topic)).as_py())
-
-
-def _struct_table(column: pa.ChunkedArray) -> pa.Table:
-    """A struct column as a table of its fields."""
-    chunks = column.chunks or [pa.array([], column.type)]
-    return pa.Table.from_batches([pa.RecordBatch.from_struct_array(chunk) for chunk in chunks])
 
 
 def _with_refusals(bronze: pa.Table, refusals: Sequence[Mapping[str, Any]]) -> pa.Table:

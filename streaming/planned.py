@@ -5,8 +5,9 @@ so exactly once, the write order and the progress records do not depend on where
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -14,6 +15,9 @@ from dispatch.delta import tables as t
 from dispatch.delta.job_rows import JobKey
 from dispatch.delta.stats import MinuteStats, StatsKey
 from streaming.fold import PruneStep
+
+if TYPE_CHECKING:
+    from streaming.spark_writes import ExecutorRows
 
 JOBS_SOURCE = t.SCHEMAS[t.JOBS].append(pa.field("_delete", pa.bool_()))
 """The `jobs` MERGE source: the table's columns and whether the job leaves `jobs`."""
@@ -52,3 +56,8 @@ class Planned:
     """The `seq` of every touched job's row in the open partition as stored, when the fold
     read them (on the driver): the `jobs` MERGE then scans only the files that may hold them
     (`BatchWriter._merge_jobs`). None: unknown, the MERGE scans the whole open partition."""
+    on_executors: ExecutorRows | None = None
+    """A batch folded on the executors: its `jobs` source (and usually its `events` rows)
+    as Spark DataFrames, written by Spark; `jobs_source` (and then `events`) are empty."""
+    release: Callable[[], None] = field(default=lambda: None)
+    """Frees what the plan keeps cached on the executors; called once the batch is written."""

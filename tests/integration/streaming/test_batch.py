@@ -55,11 +55,25 @@ def versions(settings: Settings) -> dict[str, int]:
     return {name: warehouse.open(name).version() for name in t.SCHEMAS}
 
 
+def data_commit_engines(settings: Settings, name: str) -> list[str]:
+    """Who made each commit of table `name` that wrote rows (Spark names itself in the commit's
+    `engineInfo`; delta-rs writes none)."""
+    history = Warehouse.of(settings).open(name).history()
+    return [
+        str(commit.get("engineInfo") or commit.get("clientVersion"))
+        for commit in history
+        if commit.get("operation") in ("WRITE", "MERGE")
+    ]
+
+
 class CrashBeforeJobs(BatchWriter):
     """Dies after events, rejected and stats are committed, before the jobs MERGE."""
 
     def _merge_jobs(self, batch_id: int, end: Any, source: pa.Table, open_seqs: Any = None) -> None:
         raise RuntimeError("killed before the jobs MERGE")
+
+    def _spark_merge_jobs(self, spark: Any, batch_id: int, end: Any, source: Any) -> None:
+        raise RuntimeError("killed before the jobs MERGE (Spark's, for a fold on executors)")
 
 
 @pytest.mark.parametrize("fold_on", [DRIVER, EXECUTORS])
@@ -107,6 +121,15 @@ def test_replays_and_a_cut_batch_change_the_tables_exactly_once(
     assert done[t.STATS_PARTIAL] == cut[t.STATS_PARTIAL] and done[t.EVENTS] == cut[t.EVENTS]
     check_tables(settings, spark, workload)
 
+    # Folded on the executors, the batch's large writes are Spark's (its files written by the
+    # executors); folded on the driver, they are delta-rs's.
+    for name in (t.EVENTS, t.JOBS):
+        assert data_commit_engines(settings, name), name
+        assert all(
+            engine.startswith("Apache-Spark") == (fold_on == EXECUTORS)
+            for engine in data_commit_engines(settings, name)
+        ), (name, data_commit_engines(settings, name))
+
     # A new checkpoint (new app id, batch ids from 0) over the same data adds nothing.
     fresh = BatchWriter(
         warehouse, topics_of(settings), checkpoint(tmp_path / "cp-b", "query-b"), fold_on=fold_on
@@ -136,3 +159,37 @@ def check_tables(settings: Settings, spark: SparkSession, workload: Any) -> None
     assert sum(row["completed"] for row in stats) == sum(
         isinstance(event, Completed) for event in admitted
     )
+
+
+@pytest.mark.parametrize(("min_records", "on_executors"), [(10**9, False), (1, True)])
+def test_a_batch_below_the_executor_threshold_is_folded_on_the_driver(
+    topics: Settings, spark: SparkSession, tmp_path: Path, min_records: int, on_executors: bool
+) -> None:
+    """`fold_on = auto` on a cluster: a batch of fewer records than
+    `spark.executor_fold_min_records` is folded (and written) by the driver, a larger one by
+    the executors (and Spark); the tables are the same either way."""
+    settings = topics
+    workload = mixed_workload()
+    produce(
+        settings,
+        workload.log,
+        submits=workload.submits,
+        rejections=workload.rejections,
+        aborted=workload.aborted,
+        transactional=True,
+    )
+    warehouse = Warehouse.of(settings)
+    t.create_tables(spark, warehouse)
+    writer = BatchWriter(
+        warehouse,
+        topics_of(settings),
+        checkpoint(tmp_path / "cp", "query"),
+        fold_on=EXECUTORS,
+        executor_min_records=min_records,
+    )
+    writer(kafka_batch(spark, settings), 0)
+    assert writer.last is not None and writer.last.on_executors is on_executors
+    assert jobs_of(spark_rows(spark, settings, t.JOBS)) == workload.expected_jobs()
+    for name in (t.EVENTS, t.JOBS):
+        engines = data_commit_engines(settings, name)
+        assert engines and all(e.startswith("Apache-Spark") is on_executors for e in engines)

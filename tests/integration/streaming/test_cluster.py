@@ -48,6 +48,8 @@ def on_cluster(settings: Settings, master_url: str) -> Settings:
             "driver_host": HOST,
             "driver_bind_address": HOST,
             "executor_memory": EXECUTOR_MEMORY,
+            # Every batch on the executors, however small (the test's batches are).
+            "executor_fold_min_records": 0,
             "driver_memory": "1g",
             "ui_enabled": True,
             "ui_port": free_port(),

@@ -98,13 +98,18 @@ log = logging.getLogger(__name__)
 UTC = dt.UTC
 _JOB_COLUMNS: list[str] = list(t.SCHEMAS[t.JOBS].names)
 _JOBS_MERGE_COLUMNS = {name: f"s.`{name}`" for name in _JOB_COLUMNS}
-# Only open jobs can change: the partition literal keeps the closed history (the bulk of the
-# table) out of the scan, so the cost follows the backlog.
-_JOBS_MERGE_PREDICATE = f"t.part = '{OPEN}' AND t.dispatch_group = s.dispatch_group AND t.id = s.id"
 DRIVER = "driver"
 EXECUTORS = "executors"
 _KEEPS_ROWS = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
 """Operations that commit the same rows (in other files, or none removed)."""
+
+
+def _jobs_merge_predicate(narrowed: str = "") -> str:
+    """The `jobs` MERGE's condition. Only open jobs can change: the partition literal keeps
+    the closed history (the bulk of the table) out of the scan, and `narrowed` (a condition on
+    target columns, see `_merge_jobs`) the files of the queued backlog the batch does not touch."""
+    files = f" AND {narrowed}" if narrowed else ""
+    return f"t.part = '{OPEN}'{files} AND t.dispatch_group = s.dispatch_group AND t.id = s.id"
 
 
 def _advanced(start: Offsets, end: Offsets) -> int:
@@ -853,13 +858,10 @@ class BatchWriter:
         `seq` statistics may hold one of those rows, not the whole backlog of queued jobs; a
         touched job with no row among them has none in the open partition, so no match is
         lost in the files skipped."""
-        # Only open jobs can change: the partition literal keeps the closed history (the
-        # bulk of the table) out of the scan, and the `seq` ranges the queued backlog.
-        files = "" if open_seqs is None else f" AND {narrowing('t.seq', open_seqs)}"
         version = self.commits.merge(
             t.JOBS,
             source,
-            f"t.part = '{OPEN}'{files} AND t.dispatch_group = s.dispatch_group AND t.id = s.id",
+            _jobs_merge_predicate("" if open_seqs is None else narrowing("t.seq", open_seqs)),
             lambda merge: (
                 merge.when_matched_delete(predicate="s._delete")
                 .when_matched_update(updates=_JOBS_MERGE_COLUMNS)
@@ -882,7 +884,7 @@ class BatchWriter:
             spark,
             source,
             self.warehouse.table(t.JOBS),
-            _JOBS_MERGE_PREDICATE,
+            _jobs_merge_predicate(),
             _JOBS_MERGE_COLUMNS,
             app_id=self.app_id,
             version=batch_id,

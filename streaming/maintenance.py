@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dispatch.delta import tables as t
+from dispatch.delta.job_rows import CLOSED
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -56,7 +57,7 @@ class MaintenancePolicy:
 _DATE_PARTITIONED = (t.EVENTS, t.STATS, t.REJECTED, t.JOBS_ARCHIVE)
 """Compacted partition by partition; `stats_partial` (emptied by every roll-up) whole."""
 
-_COMPACTED_PARTS: dict[str, list[tuple[str, str, str]]] = {t.JOBS: [("part", "=", "closed")]}
+_COMPACTED_PARTS: dict[str, list[tuple[str, str, str]]] = {t.JOBS: [("part", "=", CLOSED)]}
 """Tables compacted in part only. `jobs`: its closed partition; the open one keeps the files
 each batch's MERGE writes (`tables.JOBS_FILE_BYTES` each): binning them together would join
 rows queued at different times into files whose `seq` statistics cover them all, and every

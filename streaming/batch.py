@@ -83,9 +83,10 @@ from streaming.fold import (
     prune_groups,
     touched_jobs,
 )
-from streaming.open_jobs import OpenJobs, narrowing
+from streaming.open_jobs import OpenJobs, narrowing, ranges_condition
 from streaming.planned import JOBS_SOURCE, Planned
 from streaming.rollup import StatsRollup, stats_row
+from streaming.spark_writes import ExecutorRows
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -470,7 +471,7 @@ class BatchWriter:
         else:
             if spark is None:
                 raise RuntimeError("a batch folded on the executors needs the Spark session")
-            self._spark_merge_jobs(spark, batch_id, end, on_executors.jobs)
+            self._spark_merge_jobs(spark, batch_id, end, on_executors)
         for name in positions.tables:
             positions.tables[name] = end
         timings.jobs_merge_s = time.perf_counter() - mark
@@ -874,17 +875,25 @@ class BatchWriter:
         self._follow_merge(source, version)
 
     def _spark_merge_jobs(
-        self, spark: SparkSession, batch_id: int, end: Offsets, source: DataFrame
+        self, spark: SparkSession, batch_id: int, end: Offsets, rows: ExecutorRows
     ) -> None:
         """`_merge_jobs` for a source that stayed on the executors: Spark's MERGE, then the
         progress alone if that MERGE made no commit (nothing to write, or the batch's commit
-        was in the table already), so the batch's progress always lands."""
+        was in the table already), so the batch's progress always lands.
+
+        Narrowed like the driver's MERGE, by the `seq` ranges of the touched jobs' open rows
+        the fold read, when nothing but row-keeping commits came after the version read (else
+        a row could have moved to a file the ranges skip)."""
+        table = self.commits.table(t.JOBS)
+        narrowed = ""
+        if self._keeps_open_rows(table, rows.jobs_version, table.version()):
+            narrowed = ranges_condition("t.seq", rows.open_seqs, with_null=rows.open_seq_null)
         metadata = self._progress(batch_id, end).to_json()
         spark_writes.merge_jobs(
             spark,
-            source,
+            rows.jobs,
             self.warehouse.table(t.JOBS),
-            _jobs_merge_predicate(),
+            _jobs_merge_predicate(narrowed),
             _JOBS_MERGE_COLUMNS,
             app_id=self.app_id,
             version=batch_id,

@@ -52,6 +52,7 @@ from streaming.decode import (
     screen_events,
 )
 from streaming.fold import BatchFold
+from streaming.open_jobs import cover_ranges
 from streaming.partition_fold import (
     EVENT_KIND,
     FOLD_INPUT,
@@ -59,8 +60,10 @@ from streaming.partition_fold import (
     JOB_ROW,
     KIND_ARCHIVED,
     KIND_JOB,
+    KIND_OPEN_SEQS,
     KIND_REFUSED,
     KIND_STATS,
+    SEQ_RANGES,
     PruneEvent,
     explode_other_records,
     explode_records,
@@ -286,7 +289,14 @@ def _plan(
         _null(fold_input, "row"),
     )  # fmt: skip
     touched = job_events.select("dispatch_group", "job_id").distinct()
-    jobs = spark.read.format("delta").load(writer.warehouse.table(t.JOBS))
+    # The version read is pinned: the MERGE narrows its scan by the `seq` of the rows read
+    # here only if nothing changed the open rows since (`BatchWriter._spark_merge_jobs`).
+    jobs_version = writer.commits.table(t.JOBS).version()
+    jobs = (
+        spark.read.format("delta")
+        .option("versionAsOf", jobs_version)
+        .load(writer.warehouse.table(t.JOBS))
+    )
     part = F.col("part") == OPEN
     prune_groups = sorted({prune.group for prune in prunes})
     if prune_groups:
@@ -342,6 +352,13 @@ def _plan(
     # Each partition counted its own jobs: summed per key, one `stats_partial` row a key.
     stats = aggregate(of_kind(KIND_STATS, "stats").to_pylist())
     archived = [dict(row) for row in of_kind(KIND_ARCHIVED, "archived").to_pylist()]
+    seq_ranges = list(
+        zip(
+            of_kind(KIND_OPEN_SEQS, "seq_low").to_pylist(),
+            of_kind(KIND_OPEN_SEQS, "seq_high").to_pylist(),
+            strict=True,
+        )
+    )
 
     # Step 4: the `events` rows with their fence verdict, and the other topics' rows.
     others = _map_in_arrow(
@@ -382,7 +399,15 @@ def _plan(
         skipped_records=skipped,
         first_reason=first,
         on_executors=ExecutorRows(
-            jobs=jobs_frame, jobs_rows=jobs_rows, events=events.frame, events_rows=events.rows
+            jobs=jobs_frame,
+            jobs_rows=jobs_rows,
+            events=events.frame,
+            events_rows=events.rows,
+            jobs_version=jobs_version,
+            open_seqs=cover_ranges(
+                [(low, high) for low, high in seq_ranges if low is not None], SEQ_RANGES
+            ),
+            open_seq_null=any(low is None for low, _ in seq_ranges),
         ),
     )
 

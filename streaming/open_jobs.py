@@ -21,7 +21,7 @@ restarted writer does; a batch that fails drops it.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -164,14 +164,28 @@ class OpenJobs:
 def value_ranges(values: Iterable[int], limit: int) -> list[tuple[int, int]]:
     """At most `limit` disjoint (low, high) ranges, in order, covering every one of `values`:
     split at the widest gaps between them."""
-    present = sorted(set(values))
-    if not present:
+    return cover_ranges(((value, value) for value in values), limit)
+
+
+def cover_ranges(ranges: Iterable[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
+    """At most `limit` disjoint (low, high) ranges, in order, covering every one of `ranges`:
+    the overlapping or adjacent ones joined, then split at the widest gaps between them. (The
+    executors' fold gives each partition's ranges; the driver joins them into one condition.)"""
+    joined: list[tuple[int, int]] = []
+    for low, high in sorted(ranges):
+        if joined and low <= joined[-1][1] + 1:
+            joined[-1] = (joined[-1][0], max(joined[-1][1], high))
+        else:
+            joined.append((low, high))
+    if not joined:
         return []
-    widest = sorted(range(1, len(present)), key=lambda i: present[i] - present[i - 1], reverse=True)
+    widest = sorted(
+        range(1, len(joined)), key=lambda i: joined[i][0] - joined[i - 1][1], reverse=True
+    )
     cuts = sorted(widest[: limit - 1])
     return [
-        (present[start], present[end - 1])
-        for start, end in zip([0, *cuts], [*cuts, len(present)], strict=True)
+        (joined[start][0], joined[end - 1][1])
+        for start, end in zip([0, *cuts], [*cuts, len(joined)], strict=True)
     ]
 
 
@@ -182,10 +196,19 @@ def narrowing(column: str, values: Iterable[int | None], limit: int = 16) -> str
     statistics (it leaves a BETWEEN out of its file filter), and a few ranges keep the condition
     short however many jobs the batch touches. FALSE for no value."""
     listed = list(values)
+    return ranges_condition(
+        column,
+        value_ranges((v for v in listed if v is not None), limit),
+        with_null=any(value is None for value in listed),
+    )
+
+
+def ranges_condition(column: str, ranges: Sequence[tuple[int, int]], *, with_null: bool) -> str:
+    """`narrowing`'s condition over ranges already joined (`cover_ranges`)."""
     terms = [
         f"{column} = {low}" if low == high else f"({column} >= {low} AND {column} <= {high})"
-        for low, high in value_ranges((v for v in listed if v is not None), limit)
+        for low, high in ranges
     ]
-    if any(value is None for value in listed):
+    if with_null:
         terms.append(f"{column} IS NULL")
     return f"({' OR '.join(terms)})" if terms else "FALSE"

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from dispatch.core.events import Pruned, event_from_dict
 from dispatch.delta import tables as t
-from dispatch.delta.job_rows import JobKey, JobState, job_row, job_state
+from dispatch.delta.job_rows import OPEN, JobKey, JobState, job_row, job_state
 from streaming.decode import (
     RECORD_ERRORS,
     KafkaRow,
@@ -47,6 +47,7 @@ from streaming.decode import (
     undecodable_bronze_row,
 )
 from streaming.fold import PruneStep, archived_row, fold_batch
+from streaming.open_jobs import value_ranges
 from streaming.planned import JOBS_SOURCE
 from streaming.rollup import stats_row
 
@@ -77,6 +78,9 @@ FOLD_INPUT = pa.schema(
 `jobs` row (`row` set, `body` NULL)."""
 
 KIND_JOB, KIND_ARCHIVED, KIND_REFUSED, KIND_STATS = "job", "archived", "refused", "stats"
+KIND_OPEN_SEQS = "open_seqs"
+SEQ_RANGES = 16
+"""At most this many `open_seqs` ranges per partition (the MERGE's condition joins them)."""
 
 FOLD_OUTPUT = pa.schema(
     [
@@ -88,11 +92,16 @@ FOLD_OUTPUT = pa.schema(
         ("idx", pa.int32()),
         ("reason", pa.string()),
         ("stats", pa.struct(list(t.SCHEMAS[t.STATS_PARTIAL]))),
+        ("seq_low", pa.int64()),
+        ("seq_high", pa.int64()),
     ]
 )
 """Stage 2's output, one row per thing the batch writes, by `kind`: `job` (a MERGE source
 row), `archived` (a `jobs_archive` row), `refused` (the place of an event that does not fit its
-job, and why), `stats` (a `stats_partial` row without `batch_end`/`batch_id`)."""
+job, and why), `stats` (a `stats_partial` row without `batch_end`/`batch_id`), `open_seqs` (a
+range `seq_low`..`seq_high` of the `seq` the partition's touched jobs have in the open
+partition of `jobs` as stored, both NULL for a stored NULL: the `jobs` MERGE scans only the
+files that may hold them, see `BatchWriter._spark_merge_jobs`)."""
 
 
 # --- stage 1 -----------------------------------------------------------------------------------
@@ -202,12 +211,15 @@ def fold_partition(
             raise ValueError(f"not a pruned event at {prune.partition}:{prune.offset}")
     current: dict[JobKey, JobState] = {}
     unreadable: dict[JobKey, str] = {}
+    open_seqs: list[int | None] = []
     for batch in batches:
         for item in batch.to_pylist():
             if item["body"] is not None:
                 events.append(logged_event(item))
             elif item["row"] is not None:
                 _read_row(item["row"], current, unreadable)
+                if item["row"]["part"] == OPEN:
+                    open_seqs.append(item["row"]["seq"])
     if not events and not current:
         return
     events.sort(key=operator.attrgetter("partition", "offset", "index"))
@@ -239,6 +251,11 @@ def fold_partition(
         )  # fmt: skip
     for key in sorted(fold.stats.rows):
         out.append({"kind": KIND_STATS, "stats": stats_row(key, fold.stats.rows[key])})
+    stored = [seq for seq in open_seqs if seq is not None]
+    for low, high in value_ranges(stored, SEQ_RANGES):
+        out.append({"kind": KIND_OPEN_SEQS, "seq_low": low, "seq_high": high})
+    if len(stored) < len(open_seqs):
+        out.append({"kind": KIND_OPEN_SEQS, "seq_low": None, "seq_high": None})
     yield from pa.Table.from_pylist(out, schema=FOLD_OUTPUT).to_batches()
 
 

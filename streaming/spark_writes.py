@@ -40,6 +40,13 @@ class ExecutorRows:
     """The `events` rows the table has not absorbed yet; None when they were collected to
     the driver instead (a batch with refused events, whose rows need their reasons)."""
     events_rows: int
+    jobs_version: int
+    """The `jobs` version the fold read the touched jobs' rows at."""
+    open_seqs: list[tuple[int, int]]
+    """Ranges covering the `seq` the touched jobs' rows had in the open partition at
+    `jobs_version` (the MERGE's file skipping, `BatchWriter._spark_merge_jobs`)."""
+    open_seq_null: bool
+    """Whether one of those rows had a NULL `seq`."""
 
 
 @contextmanager

@@ -29,7 +29,7 @@ from dispatch.settings import Settings
 from dispatch.storage import Location
 from dispatch.warehouse import Warehouse
 from streaming.app import topics_of
-from streaming.batch import BatchWriter
+from streaming.batch import EXECUTORS, BatchWriter
 from streaming.decode import KafkaRow, Topics
 from tests.integration.streaming.conftest import jobs_of, with_warehouse
 from tests.integration.streaming.test_batch import checkpoint
@@ -224,6 +224,83 @@ def test_a_batch_over_a_backlog_touches_its_files_and_the_cache_agrees_with_a_re
     assert jobs_rows(cached_settings).equals(jobs_rows(read_settings))
     changed = jobs_rows(cached_settings).filter(pc.field("priority") == 7)
     assert CLOSED in changed.column("part").to_pylist()  # completed since the change
+
+
+def spark_merge(settings: Settings) -> tuple[str, dict[str, int]]:
+    """The condition and the metrics of the newest `jobs` MERGE (Spark's)."""
+    for commit in Warehouse.of(settings).open(t.JOBS).history(3):
+        if commit.get("operation") == "MERGE":
+            metrics = {name: int(value) for name, value in commit["operationMetrics"].items()}
+            return str(commit["operationParameters"]["predicate"]), metrics
+    raise AssertionError("no MERGE among the newest commits of jobs")
+
+
+class ChangedBeforeTheMerge(BatchWriter):
+    """Another writer changes every open row of `jobs` (their priority) after the fold read
+    them and before the batch's MERGE, when `change_open_rows` says so."""
+
+    change_open_rows = False
+
+    def _spark_merge_jobs(self, spark: Any, batch_id: int, end: Any, rows: Any) -> None:
+        if self.change_open_rows:
+            self.warehouse.open(t.JOBS).update(
+                updates={"priority": "7"}, predicate=f"part = '{OPEN}'"
+            )
+        super()._spark_merge_jobs(spark, batch_id, end, rows)
+
+
+def without_priority(jobs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {job_id: {**job, "priority": None} for job_id, job in jobs.items()}
+
+
+def test_the_executors_fold_narrows_its_merge_over_a_backlog_unless_the_open_rows_moved(
+    settings: Settings, spark: SparkSession, tmp_path: Path
+) -> None:
+    """The same backlog, every batch folded on the executors and written by Spark: the MERGE
+    skips the files no touched job's row is in (by the `seq` ranges the fold's partitions
+    report), so it does not rewrite the backlog. When another writer changed the open rows
+    between the fold's read and the MERGE, those ranges may miss a row: the MERGE goes
+    without them, and the tables stay right."""
+    leader = Leader()
+    with_backlog(spark, settings, leader.backlog_rows(BACKLOG))
+    writer = ChangedBeforeTheMerge(
+        Warehouse.of(settings),
+        topics_of(settings),
+        checkpoint(tmp_path / "cp-executors", "query-executors"),
+        fold_on=EXECUTORS,
+        executor_min_records=0,
+    )
+    log = EventsLog(settings.kafka.events_topic)
+    batch_id = 0
+
+    def run(events: list[Event]) -> None:
+        nonlocal batch_id
+        records = [
+            (row.topic, row.partition, row.offset, row.key, row.value, row.timestamp)
+            for row in log.records(events)
+        ]
+        kafka_schema = (
+            "topic string, partition int, offset long, key binary, value binary, "
+            "timestamp timestamp"
+        )
+        writer(spark.createDataFrame(records, kafka_schema), batch_id)
+        assert writer.last is not None and writer.last.on_executors
+        batch_id += 1
+
+    run(leader.first)
+    run(leader.batch())
+    assert jobs_of(jobs_rows(settings).to_pylist()) == leader.expected()
+    # Spark's MERGE records no count of the files it skipped: its condition shows the ranges
+    # (a target-only condition Delta skips files by), the rows it copied what it rewrote.
+    condition, metrics = spark_merge(settings)
+    assert "seq" in condition and metrics["numTargetRowsCopied"] < BACKLOG / 4
+
+    writer.change_open_rows = True
+    run(leader.batch())
+    condition, _ = spark_merge(settings)
+    assert "seq" not in condition
+    found = jobs_of(jobs_rows(settings).to_pylist())
+    assert without_priority(found) == without_priority(leader.expected())
 
 
 def test_create_tables_gives_an_older_jobs_table_its_file_size(

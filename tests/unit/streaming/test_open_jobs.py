@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from dispatch.core.job import JobRecord, JobStatus
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import CLOSED, OPEN, JobState, job_row, job_state
-from streaming.open_jobs import OpenJobs, narrowing, value_ranges
+from streaming.open_jobs import OpenJobs, cover_ranges, narrowing, value_ranges
 from streaming.planned import JOBS_SOURCE
 
 
@@ -124,7 +124,27 @@ def test_value_ranges_cover_every_value_in_few_disjoint_ranges(
     assert all(low <= high for low, high in ranges)
     assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))
     assert all(any(low <= value <= high for low, high in ranges) for value in values)
-    assert len(ranges) == min(limit, len(set(values)))
+    # As many ranges as it may use, or fewer only where values are consecutive.
+    runs = sum(b - a > 1 for a, b in itertools.pairwise(sorted(set(values)))) + bool(values)
+    assert len(ranges) == min(limit, runs)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(-1000, 1000), st.integers(0, 50)).map(lambda r: (r[0], r[0] + r[1])),
+        max_size=40,
+    ),
+    st.integers(1, 20),
+)
+def test_cover_ranges_joins_the_partitions_ranges_into_few_disjoint_ones(
+    ranges: list[tuple[int, int]], limit: int
+) -> None:
+    """The executors' partitions each report their ranges: the joined ones cover them all."""
+    joined = cover_ranges(ranges, limit)
+    assert len(joined) <= limit
+    assert all(a[1] + 1 < b[0] for a, b in itertools.pairwise(joined))
+    assert all(any(lo <= low and high <= hi for lo, hi in joined) for low, high in ranges)
+    assert bool(joined) == bool(ranges)
 
 
 def test_narrowing_as_sql() -> None:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from dispatch.core.events import Completed, LeaderElected, Pruned
 from dispatch.delta import tables as t
-from dispatch.delta.job_rows import JobKey, JobState, job_row, job_state
+from dispatch.delta.job_rows import OPEN, JobKey, JobState, job_row, job_state
 from dispatch.delta.stats import StatsAccumulator
 from streaming.decode import KafkaRow, LoggedEvent, Refused
 from streaming.executor_plan import run_fence
@@ -27,8 +27,10 @@ from streaming.partition_fold import (
     KAFKA_COLUMNS,
     KIND_ARCHIVED,
     KIND_JOB,
+    KIND_OPEN_SEQS,
     KIND_REFUSED,
     KIND_STATS,
+    SEQ_RANGES,
     PruneEvent,
     explode_other_records,
     explode_records,
@@ -153,6 +155,21 @@ def partition_of(key: JobKey, partitions: int) -> int:
     return zlib.crc32(f"{key[0]}/{key[1]}".encode()) % partitions
 
 
+def assert_open_seqs_covered(rows: list[dict[str, Any]], out: list[dict[str, Any]]) -> None:
+    """A partition's `open_seqs` ranges cover the `seq` of each of its open rows (the MERGE
+    skips the files outside them), at most `SEQ_RANGES` of them and a NULL row for a NULL."""
+    ranges = [(row["seq_low"], row["seq_high"]) for row in out if row["kind"] == KIND_OPEN_SEQS]
+    stored = [row["row"]["seq"] for row in rows if row["row"] and row["row"]["part"] == OPEN]
+    assert len([r for r in ranges if r[0] is not None]) <= SEQ_RANGES
+    for seq in stored:
+        if seq is None:
+            assert (None, None) in ranges
+        else:
+            assert any(low is not None and low <= seq <= high for low, high in ranges), seq
+    if not stored:
+        assert ranges == []
+
+
 class Partitioned:
     """`fold_batch` as the executors would run it: the batch's admitted job events and touched
     rows split by job into `partitions`, each folded by `fold_partition` from Arrow rows, the
@@ -194,8 +211,11 @@ class Partitioned:
         for rows in inputs:
             random.Random(len(rows)).shuffle(rows)  # the stage sorts by place itself
             table = pa.Table.from_pylist(rows, schema=FOLD_INPUT)
+            partition_out: list[dict[str, Any]] = []
             for batch in fold_partition(table.to_batches(max_chunksize=5), prunes, {}):
-                outputs.extend(batch.to_pylist())
+                partition_out.extend(batch.to_pylist())
+            assert_open_seqs_covered(rows, partition_out)
+            outputs.extend(partition_out)
         got = self.rebuild(outputs, events)
         got.prunes = prune_steps(prunes)
         assert_same_fold(got, expected)
@@ -221,7 +241,7 @@ class Partitioned:
                 place = (row["partition"], row["offset"], row["idx"])
                 fold.refused.append(Refused(by_place[place], row["reason"]))
             else:
-                assert row["kind"] == KIND_STATS
+                assert row["kind"] in (KIND_STATS, KIND_OPEN_SEQS)
         stats = [row["stats"] for row in outputs if row["kind"] == KIND_STATS]
         fold.stats = StatsAccumulator()
         fold.stats.rows = aggregate(stats)

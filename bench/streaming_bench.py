@@ -116,24 +116,14 @@ def standalone_cluster(settings: Settings, workers: int, cores: int) -> Iterator
     """A Spark standalone master and `workers` workers of `cores` cores on loopback (the stack's
     own `SparkCluster`), and the settings that point the fold's session at it: `fold_on=auto`
     then folds on its executors, one per worker."""
-    from dispatch.stack.spark_cluster import HOST, SparkCluster
+    from dispatch.stack.spark_cluster import SparkCluster, on_loopback, running
 
-    spark = settings.spark.model_copy(
-        update={
-            "master": f"spark://{HOST}:{free_port()}",
-            "cluster_workers": workers,
-            "worker_cores": cores,
-            "worker_memory": "1536m",
-            "executor_memory": "1g",
-        }
+    on_cluster = on_loopback(settings, workers=workers, worker_cores=cores, worker_memory="1536m")
+    on_cluster = on_cluster.model_copy(
+        update={"spark": on_cluster.spark.model_copy(update={"executor_memory": "1g"})}
     )
-    on_cluster = settings.model_copy(update={"spark": spark})
-    cluster = SparkCluster(on_cluster)
-    try:
-        cluster.start()
+    with running(SparkCluster(on_cluster)):
         yield on_cluster
-    finally:
-        cluster.stop()
 
 
 def with_namespace(settings: Settings, name: str, scratch: Path) -> Settings:

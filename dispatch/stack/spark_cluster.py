@@ -18,9 +18,10 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -245,6 +246,36 @@ class SparkCluster:
             f"--- {process.name} ({process.log_file})\n{process.log_tail(lines)}"
             for process in self.processes
         )
+
+
+def on_loopback(
+    settings: Settings, *, workers: int, worker_cores: int = 1, worker_memory: str = "1g"
+) -> Settings:
+    """`settings` with a cluster of its own: a master on a free loopback port and `workers`
+    workers of `worker_cores` cores and `worker_memory` each (a test's, a benchmark's)."""
+    spark = settings.spark.model_copy(
+        update={
+            "master": f"spark://{HOST}:{free_port()}",
+            "cluster_workers": workers,
+            "worker_cores": worker_cores,
+            "worker_memory": worker_memory,
+        }
+    )
+    return settings.model_copy(update={"spark": spark})
+
+
+_Cluster = TypeVar("_Cluster", bound=SparkCluster)
+
+
+@contextlib.contextmanager
+def running(cluster: _Cluster, timeout_s: float = START_TIMEOUT_S) -> Iterator[_Cluster]:
+    """`cluster` started (every worker ALIVE), and stopped by its pids on the way out, whatever
+    the body did (`start` stops what it started if it fails)."""
+    try:
+        cluster.start(timeout_s=timeout_s)
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def _stop(process: ManagedProcess) -> bool:

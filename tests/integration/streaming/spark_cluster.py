@@ -8,14 +8,12 @@ worker's executor JVMs are) in a `finally`, whatever the test did.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from dispatch.settings import load_settings
 from dispatch.stack import spark_cluster as component
-from dispatch.stack.ports import free_port
 
 HOST = component.HOST
 ClusterError = component.SparkClusterError
@@ -36,28 +34,16 @@ class SparkCluster(component.SparkCluster):
         ]
 
 
-@contextmanager
 def spark_cluster(
     base: Path,
     *,
     workers: int = 2,
     worker_memory: str = "1g",
     start_timeout_s: float = 90.0,
-) -> Iterator[SparkCluster]:
+) -> AbstractContextManager[SparkCluster]:
     """A master and `workers` workers (1 core, `worker_memory` each) on 127.0.0.1, their state
     under `base`, yielded once the master lists them all ALIVE; all stopped on the way out."""
-    settings = load_settings(
-        paths={"var": str(base)},
-        spark={
-            "master": f"spark://{HOST}:{free_port()}",
-            "cluster_workers": workers,
-            "worker_memory": worker_memory,
-            "worker_cores": 1,
-        },
+    settings = component.on_loopback(
+        load_settings(paths={"var": str(base)}), workers=workers, worker_memory=worker_memory
     )
-    cluster = SparkCluster(settings)
-    try:
-        cluster.start(timeout_s=start_timeout_s)  # stops what it started if it fails
-        yield cluster
-    finally:
-        cluster.stop()
+    return component.running(SparkCluster(settings), timeout_s=start_timeout_s)

@@ -19,6 +19,8 @@ from dispatch.stack.spark_cluster import (
     WORKER_CLASS,
     SparkCluster,
     SparkClusterError,
+    on_loopback,
+    running,
     spark_home,
 )
 from tests.integration.leftovers import processes_mentioning
@@ -158,3 +160,30 @@ def test_a_real_cluster_starts_once_and_stops_by_pid(tmp_path: Path) -> None:
     assert not any(record and is_running(record.pid, record.ticks) for record in records)
     assert list((tmp_path / "run").glob("*.pid")) == []
     assert processes_mentioning(tmp_path) == []
+
+
+def test_on_loopback_gives_a_cluster_of_its_own_and_running_stops_it_when_the_body_fails(
+    tmp_path: Path,
+) -> None:
+    settings = on_loopback(
+        load_settings(paths={"var": str(tmp_path)}), workers=3, worker_cores=2, worker_memory="2g"
+    )
+    spark = settings.spark
+    assert (spark.cluster_workers, spark.worker_cores, spark.worker_memory) == (3, 2, "2g")
+    assert spark.master.startswith("spark://127.0.0.1:")
+    calls: list[str] = []
+
+    class Recorded(SparkCluster):
+        """The stack's cluster with its daemons left out: what `running` asks of it."""
+
+        def start(self, timeout_s: float = 0.0) -> list[str]:
+            calls.append("start")
+            return []
+
+        def stop(self) -> list[str]:
+            calls.append("stop")
+            return []
+
+    with pytest.raises(RuntimeError, match="the body failed"), running(Recorded(settings)):
+        raise RuntimeError("the body failed")
+    assert calls == ["start", "stop"]

@@ -6,9 +6,9 @@ then Jepsen-style safety counts and liveness figures (issue 13).
     .venv/bin/python -m bench.chaos --json -                        # JSON on stdout, no table
 
 **The stack.** `LocalStack` (broker, topics, streaming fold, two API nodes) in a temporary
-folder on free ports (`bench.failover_bench.running_stack`), plus `--workers` worker processes
-of `bench.chaos_worker` (WebSocket SDK workers, `--slots` each) that write every attempt they
-run to a file: the worker side of the counts.
+folder on free ports (`chaos_stack`), plus `--workers` worker processes of `bench.chaos_worker`
+(WebSocket SDK workers, `--slots` each) that write every attempt they run to a file: the
+worker side of the counts.
 
 **The load.** `--jobs` planned jobs, `--rate` per second, in a batch every 100 ms (open loop):
 successes, retryable failures (succeed on attempt 2), permanent failures (dead-lettered),
@@ -79,7 +79,7 @@ from bench.chaos_audit import (
 )
 from dispatch.event_records import decode_batch
 from dispatch.settings import Settings, to_environment
-from dispatch.stack.local import DISPATCH, LocalStack
+from dispatch.stack.local import DISPATCH, LocalStack, StackPlan
 from dispatch.stack.process import ManagedProcess, is_running
 from dispatch.warehouse import Warehouse
 
@@ -408,14 +408,16 @@ class Chaos:
         _wait_gone(record.pid, record.ticks)
         self.stack.streaming.exit_code()
         self._canary(fault)
-        self.stack.up()
+        # Only the fold died: start it again at once (`up` would first walk every other
+        # component and wait for a leader).
+        self.stack.restart("streaming")
         deadline = time.monotonic() + self.options.delta_timeout_s
         while time.monotonic() < deadline:
             now = latest_progress(warehouse, t.JOBS)
             if now is not None and (before is None or now.version > before.version):
                 fault.recovered_s = round(time.time() - fault.killed_at, 3)
                 break
-            time.sleep(0.5)
+            time.sleep(DELTA_POLL_S)
         fault.note = "recovered = the fold's next jobs commit"
         return fault
 
@@ -509,13 +511,18 @@ def wait_terminal(
         pending = [job_id for job_id, status in statuses.items() if status not in TERMINAL]
         if not pending:
             break
-        time.sleep(3.0)
+        time.sleep(SETTLE_POLL_S)
         statuses.update(api_statuses(urls, key, pending))
     return statuses, round(time.monotonic() - started, 1)
 
 
 JOBS_MERGE_GRACE_S = 5.0
 """After `events` covers the log, the batch's `jobs` MERGE (its last commit) is this close."""
+DELTA_POLL_S = 0.5
+"""How often the tables' progress is read while waiting for the fold (a read of the Delta
+log: cheap beside a micro-batch)."""
+SETTLE_POLL_S = 1.0
+"""How often the statuses of the jobs not yet ended are asked again."""
 
 
 def delta_statuses(
@@ -540,11 +547,15 @@ def delta_statuses(
     deadline = time.monotonic() + timeout_s
     while not covers(t.JOBS):
         if covers(t.EVENTS):
-            time.sleep(JOBS_MERGE_GRACE_S)
+            # The batch's `jobs` MERGE comes after its `events` append: wait for it, but no
+            # longer than the grace (a batch that changed no job may leave no `jobs` commit).
+            grace_ends = time.monotonic() + JOBS_MERGE_GRACE_S
+            while not covers(t.JOBS) and time.monotonic() < grace_ends:
+                time.sleep(DELTA_POLL_S)
             break
         if time.monotonic() > deadline:
             return None
-        time.sleep(2.0)
+        time.sleep(DELTA_POLL_S)
     rows = warehouse.open(t.JOBS).to_pyarrow_table(columns=["dispatch_group", "id", "status"])
     return {
         row["id"]: row["status"]
@@ -586,9 +597,47 @@ def chaos_settings(scratch: Path, profile: str = "") -> Settings:
     return settings.model_copy(update={"dispatcher": dispatcher})
 
 
-def run_chaos(options: ChaosOptions) -> ChaosResult:
-    from bench.failover_bench import running_stack
+@contextlib.contextmanager
+def chaos_stack(settings: Settings) -> Iterator[LocalStack]:
+    """The failover benchmark's stack (`bench.failover_bench.running_stack`: the brokers,
+    topics, the streaming fold, the nodes), ended sooner: the fold and, once the nodes
+    stopped, the brokers are killed before `down`. The fold's orderly stop finishes the
+    batch in hand and rolls up the statistics, the brokers' is a controlled shutdown, both
+    for data this run is done with (`--keep` keeps it on disk)."""
+    stack = LocalStack(settings, StackPlan(streaming=True, workers=0))
+    try:
+        stack.up()
+        yield stack
+    finally:
+        try:
+            _kill_9(stack.streaming, group=True)
+            for node in stack.nodes:  # stopped as `down` does, while the brokers answer
+                node.process.stop(timeout_s=20.0)
+            for broker in stack.kafka.nodes:  # none when the brokers are external
+                _kill_9(broker.process)
+        finally:
+            stack.down()  # everything else, and whatever the above left running
 
+
+def _kill_9(process: ManagedProcess, *, group: bool = False) -> None:
+    """SIGKILL the process by its pid file (its whole process group if `group`: the fold's
+    driver and its JVM) and reap it."""
+    record = process.record()
+    if record is None:
+        return
+    with contextlib.suppress(ProcessLookupError):  # it died on its own meanwhile
+        if group:
+            os.killpg(record.pid, signal.SIGKILL)
+        else:
+            os.kill(record.pid, signal.SIGKILL)
+    # Reaped, not only gone from /proc (a process killed -9 can leave it before it is a
+    # zombie): a child never waited for is a warning ("still running") at its collection.
+    deadline = time.monotonic() + 15.0
+    while process.exit_code() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def run_chaos(options: ChaosOptions) -> ChaosResult:
     unknown = [kind for kind in options.faults if kind not in FAULT_KINDS]
     if unknown:
         raise ValueError(f"unknown faults {unknown}; known: {', '.join(FAULT_KINDS)}")
@@ -600,7 +649,7 @@ def run_chaos(options: ChaosOptions) -> ChaosResult:
             scratch = options.scratch
             scratch.mkdir(parents=True, exist_ok=True)
         settings = chaos_settings(scratch, options.profile)
-        stack = cleanup.enter_context(running_stack(settings))
+        stack = cleanup.enter_context(chaos_stack(settings))
         chaos = Chaos(options, settings, stack)
         cleanup.callback(chaos.http.close)
         fleet = WorkerFleet(

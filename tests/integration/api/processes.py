@@ -31,6 +31,11 @@ class ServiceProcess:
 
     def start(self, *, wait_ready: bool = True, timeout_s: float = 60.0) -> None:
         """Start; wait until it leads (`wait_ready`) or merely answers (a standby)."""
+        self.launch()
+        self.wait("/readyz" if wait_ready else "/healthz", timeout_s)
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to answer."""
         with self.log_file.open("ab") as log:
             self.process = subprocess.Popen(
                 [DISPATCH, "serve", "--port", str(self.port)],
@@ -38,7 +43,6 @@ class ServiceProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        self.wait("/readyz" if wait_ready else "/healthz", timeout_s)
 
     def wait(self, path: str, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -81,6 +85,25 @@ class ServiceProcess:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def start_a_pair(
+    one: ServiceProcess, other: ServiceProcess, timeout_s: float = 60.0
+) -> tuple[ServiceProcess, ServiceProcess]:
+    """Both nodes at once, so their starts overlap; returns (the leader, the follower) once
+    one leads (it took the lease first) and the other answers."""
+    one.launch()
+    other.launch()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for leader, follower in ((one, other), (other, one)):
+            if leader.answers("/readyz"):
+                follower.wait("/healthz", max(1.0, deadline - time.monotonic()))
+                return leader, follower
+        for node in (one, other):
+            assert node.process is not None and node.process.poll() is None, node.log_tail()
+        assert time.monotonic() < deadline, f"no node leads after {timeout_s:.0f} s"
+        time.sleep(0.1)
 
 
 class Workers(AckingWorkers):

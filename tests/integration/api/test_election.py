@@ -24,7 +24,7 @@ from dispatch.core.events import Completed, Event, LeaderElected
 from dispatch.settings import Settings
 from dispatch.stack.broker import Broker
 from dispatch.stack.ports import free_port
-from tests.integration.api.processes import ServiceProcess, Workers
+from tests.integration.api.processes import ServiceProcess, Workers, start_a_pair
 from worker import Assignment, WorkerApp
 
 pytestmark = pytest.mark.integration
@@ -40,6 +40,11 @@ class Pair:
     @property
     def urls(self) -> list[str]:
         return [self.first.url, self.second.url]
+
+    def start_both(self) -> None:
+        """Both nodes at once, so their starts overlap: whichever takes the lease first
+        leads, and is `first` from then on (`second` the standby)."""
+        self.first, self.second = start_a_pair(self.first, self.second)
 
     def client(self, url: str, role: str = "admin") -> httpx.Client:
         return httpx.Client(
@@ -129,8 +134,7 @@ def test_a_standby_beside_a_live_leader_follows_it(pair: Pair) -> None:
 
 
 def test_kill_9_the_leader_under_load_the_standby_takes_over(pair: Pair) -> None:
-    pair.first.start()
-    pair.second.start(wait_ready=False)
+    pair.start_both()
     first_epoch = pair.first.readiness()["epoch"]
     accepted: list[str] = []
     killed_at = 0.0
@@ -170,8 +174,7 @@ def test_kill_9_the_leader_under_load_the_standby_takes_over(pair: Pair) -> None
 
 
 def test_a_leader_stopped_past_its_lease_writes_nothing_and_follows(pair: Pair) -> None:
-    pair.first.start()
-    pair.second.start(wait_ready=False)
+    pair.start_both()
     with pair.client(pair.first.url, "client") as first:
         assert first.post("/v1/jobs", json={"id": "before", "exec": "ha.test"}).status_code == 202
     pair.first.signal(signal.SIGSTOP)
@@ -238,8 +241,7 @@ def test_a_broker_restart_under_load_loses_nothing(pair: Pair, kafka_broker: Bro
 @pytest.mark.parametrize("transport", ["ws", "rest"])
 def test_the_sdks_ride_out_a_failover(pair: Pair, transport: Literal["ws", "rest"]) -> None:
     """The client and the worker SDK are given both nodes; the leader dies under them."""
-    pair.first.start()
-    pair.second.start(wait_ready=False)
+    pair.start_both()
     app = WorkerApp("ha", concurrency=4)
 
     @app.handler("ha.*")

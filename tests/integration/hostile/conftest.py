@@ -20,7 +20,7 @@ from dispatch.settings import Settings, with_namespace
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.stack.ports import free_port
 from tests.integration.api.conftest import short_timeouts
-from tests.integration.api.processes import ServiceProcess
+from tests.integration.api.processes import ServiceProcess, start_a_pair
 
 _stacks = itertools.count(1)
 PROJECT = str(Path(__file__).resolve().parents[3])
@@ -110,12 +110,11 @@ def hostile_stack(
     settings = short_timeouts(with_namespace(stack_settings, f"hostile{next(_stacks)}", folder))
     create_topics(settings.kafka)
     keys = ensure_dev_keys(settings.auth)
-    leader = ServiceProcess(settings, free_port(), folder / "leader.log")
-    follower = ServiceProcess(settings, free_port(), folder / "follower.log")
+    one = ServiceProcess(settings, free_port(), folder / "node-1.log")
+    other = ServiceProcess(settings, free_port(), folder / "node-2.log")
     try:
-        leader.start(wait_ready=True)
-        follower.start(wait_ready=False)
+        leader, follower = start_a_pair(one, other)
         yield HostileStack(settings, leader, follower, keys, folder)
     finally:
-        follower.stop()
-        leader.stop()
+        other.stop()
+        one.stop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -94,6 +95,21 @@ def column(rows: list[dict[str, str]], key: str, value: str) -> dict[str, str]:
     return {row[key]: row[value] for row in rows}
 
 
+def html_table(notebook: NotebookNode, tag: str) -> list[dict[str, str]]:
+    """The one table a cell displayed as HTML (what a Jupyter front end shows of a DataFrame:
+    Spark's eager evaluation's `<table>`), rows as {column: text}."""
+    [html] = [
+        output["data"]["text/html"]
+        for output in cell(notebook, tag).get("outputs", [])
+        if "text/html" in output.get("data", {})
+    ]
+    header, *rows = [
+        re.findall(r"<t[hd]>(.*?)</t[hd]>", row, re.DOTALL)
+        for row in re.findall(r"<tr>(.*?)</tr>", html, re.DOTALL)
+    ]
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
 def pngs(notebook: NotebookNode, tag: str) -> int:
     return sum(
         "image/png" in output.get("data", {}) for output in cell(notebook, tag).get("outputs", [])
@@ -154,6 +170,13 @@ def execute_notebook(
             runner.wait(30)
     assert code == 0, f"{name} failed:\n{log.read_text()[-6000:]}"
     notebook = read_notebook(output)
+    # An error shown without failing its cell (a display formatter's) is still an error.
+    shown_errors = [
+        c.get("metadata", {}).get("tags")
+        for c in notebook.cells
+        if any(o["output_type"] == "error" for o in c.get("outputs", []))
+    ]
+    assert shown_errors == [], f"{name}: cells showing an error: {shown_errors}"
     # The notebook stopped whatever it started (a Spark session it made), so nothing had to
     # be killed with the kernel.
     killed = notebook.metadata["dispatch_run"]["killed"]
@@ -273,6 +296,9 @@ def check_queue_health(notebook: NotebookNode, produced: Produced) -> None:
     assert statuses == {
         status: str(count) for status, count in Counter(EXPECTED_STATUS.values()).items()
     }
+    # A Jupyter front end shows the HTML form of a displayed DataFrame: the same table.
+    for tag in ("statuses", "depth-by-exec", "in-flight", "oldest-queued", "dlq-size"):
+        assert html_table(notebook, tag) == table(notebook, tag), tag
     by_exec = table(notebook, "depth-by-exec")
     assert [(row["exec"], row["queued"]) for row in by_exec] == [
         ("video.encode", "3"),

@@ -220,12 +220,18 @@ def arrow_rows(name: str, rows: list[dict[str, object]]) -> pa.Table:
 
 
 def create_tables(spark: SparkSession, warehouse: Warehouse) -> None:
-    """Create every table that does not exist yet (a no-op for the others)."""
+    """Create every table that does not exist yet (a no-op for the others).
+
+    Whether a table exists is asked of delta-rs: Spark's `isDeltaTable` loads the table's
+    snapshot with Spark jobs, and a fold that restarts over its tables would pay that six
+    times before its first batch, then never use Spark's Delta again on the driver's path.
+    The tables are created by Spark: delta-rs refuses the `TABLE_PROPERTIES` that pin them to
+    the plain protocol."""
     from delta.tables import DeltaTable
 
     for name in SCHEMAS:
         path = warehouse.table(name)
-        if not DeltaTable.isDeltaTable(spark, path):
+        if warehouse.open_if_exists(name) is None:
             builder = (
                 DeltaTable.createIfNotExists(spark).location(path).addColumns(spark_schema(name))
             )

@@ -281,6 +281,8 @@ def fold(spark: SparkSession, settings: Settings, fold_records: int) -> FoldRun:
     options = StreamOptions(max_offsets_per_trigger=fold_records, maintenance=None)
     started = time.perf_counter()
     writer = run(settings, spark=spark, options=options, available_now=True)
+    if writer is None:  # only a stop asked before the start gives none
+        raise RuntimeError("the fold did not start")
     history = [h for h in writer.history if h.total_s > 0]
     return FoldRun(
         batches=len(history),

@@ -177,10 +177,13 @@ def run(
     options: StreamOptions | None = None,
     available_now: bool = False,
     stop: threading.Event | None = None,
-) -> BatchWriter:
+) -> BatchWriter | None:
     """Run the query until `stop` is set (or, with `available_now`, until everything in the
     topics now is processed). Raises the query's error if it fails. Uses (and leaves running)
-    the given Spark session, or builds the project's session and stops it at the end."""
+    the given Spark session, or builds the project's session and stops it at the end.
+
+    None when `stop` was set before the query started (a SIGTERM while the JVM started):
+    the query is not started, rather than started only to wait out its first batch."""
     from streaming.session import spark_session
 
     own_session = spark is None
@@ -188,6 +191,9 @@ def run(
     if own_session:
         session.sparkContext.setLogLevel("WARN")
     try:
+        if stop is not None and stop.is_set():
+            log.info("asked to stop before the query started: not starting it")
+            return None
         query, writer = start(settings, session, options=options, available_now=available_now)
         try:
             _wait(query, stop)

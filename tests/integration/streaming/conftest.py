@@ -106,7 +106,9 @@ def produce(
 def run_stream(
     settings: Settings, spark: SparkSession, options: StreamOptions = FAST
 ) -> BatchWriter:
-    return run(settings, spark=spark, options=options, available_now=True)
+    writer = run(settings, spark=spark, options=options, available_now=True)
+    assert writer is not None  # only a stop asked before the start gives none
+    return writer
 
 
 # --- reading the tables ------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,7 @@ from dispatch.settings import Settings
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.storage import local_path
 from dispatch.warehouse import Warehouse
-from streaming.app import StreamOptions, checkpoint_dir, starting_offsets
+from streaming.app import StreamOptions, checkpoint_dir, run, starting_offsets
 from tests.integration.streaming.conftest import (
     MixedRun,
     delta_rs_rows,
@@ -308,3 +309,16 @@ def test_poison_records_are_rejected_and_the_query_keeps_running(
     again = [row for row in spark_rows(spark, settings, t.REJECTED)]
     assert len(again) == len(poison)
     assert len(spark_rows(spark, settings, t.EVENTS)) == len(events)
+
+
+def test_a_stop_asked_before_the_query_starts_starts_nothing(
+    stack_settings: Settings, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A SIGTERM while the application's JVM starts (what `dispatch down` sends to a fold just
+    launched): it returns at once, rather than start the query and wait out its first batch."""
+    settings = namespaced(stack_settings, tmp_path_factory.mktemp("early-stop"), "early")
+    stop = threading.Event()
+    stop.set()
+    assert run(settings, spark=spark, stop=stop) is None
+    assert spark.streams.active == []
+    assert not local_path(checkpoint_dir(settings).uri).exists()

@@ -230,10 +230,12 @@ def create_tables(spark: SparkSession, warehouse: Warehouse) -> None:
     from delta.tables import DeltaTable
 
     for name in SCHEMAS:
-        path = warehouse.table(name)
-        if warehouse.open_if_exists(name) is None:
+        table = warehouse.open_if_exists(name)
+        if table is None:
             builder = (
-                DeltaTable.createIfNotExists(spark).location(path).addColumns(spark_schema(name))
+                DeltaTable.createIfNotExists(spark)
+                .location(warehouse.table(name))
+                .addColumns(spark_schema(name))
             )
             if PARTITIONS[name]:
                 builder = builder.partitionedBy(*PARTITIONS[name])
@@ -244,7 +246,7 @@ def create_tables(spark: SparkSession, warehouse: Warehouse) -> None:
         if own:
             # Set by delta-rs, which knows them (Spark's Delta refuses `delta.targetFileSize`
             # as unknown); also on a table created before they existed.
-            table = warehouse.open(name)
+            table = table if table is not None else warehouse.open(name)
             configuration = table.metadata().configuration
             missing = {key: value for key, value in own.items() if configuration.get(key) != value}
             if missing:

@@ -103,6 +103,19 @@ def produce(
         producer.close()
 
 
+def produce_workload(settings: Settings, workload: Workload) -> None:
+    """All of `workload` as the leader and its clients write it: the events in transactions,
+    the submissions, the rejections and the aborted transaction."""
+    produce(
+        settings,
+        workload.log,
+        submits=workload.submits,
+        rejections=workload.rejections,
+        aborted=workload.aborted,
+        transactional=True,
+    )
+
+
 def run_stream(
     settings: Settings, spark: SparkSession, options: StreamOptions = FAST
 ) -> BatchWriter:

@@ -20,7 +20,7 @@ from dispatch.warehouse import Warehouse
 from streaming.app import topics_of
 from streaming.batch import DRIVER, EXECUTORS, BatchWriter
 from streaming.rollup import StatsRollup
-from tests.integration.streaming.conftest import jobs_of, produce, spark_rows
+from tests.integration.streaming.conftest import jobs_of, produce, produce_workload, spark_rows
 from tests.unit.streaming.workload import mixed_workload
 
 if TYPE_CHECKING:
@@ -170,14 +170,7 @@ def test_a_batch_below_the_executor_threshold_is_folded_on_the_driver(
     the executors (and Spark); the tables are the same either way."""
     settings = topics
     workload = mixed_workload()
-    produce(
-        settings,
-        workload.log,
-        submits=workload.submits,
-        rejections=workload.rejections,
-        aborted=workload.aborted,
-        transactional=True,
-    )
+    produce_workload(settings, workload)
     warehouse = Warehouse.of(settings)
     t.create_tables(spark, warehouse)
     writer = BatchWriter(

@@ -20,7 +20,7 @@ from dispatch.warehouse import Warehouse
 from streaming.app import StreamOptions
 from tests.integration.streaming.conftest import (
     jobs_of,
-    produce,
+    produce_workload,
     row_set,
     run_stream,
     spark_rows,
@@ -78,14 +78,7 @@ def test_kill_9_mid_batch_then_restart_equals_an_uninterrupted_run(
 ) -> None:
     settings = topics
     workload = mixed_workload(prune=True)
-    produce(
-        settings,
-        workload.log,
-        submits=workload.submits,
-        rejections=workload.rejections,
-        aborted=workload.aborted,
-        transactional=True,
-    )
+    produce_workload(settings, workload)
     log_file = tmp_path / "driver.log"
     killed_in = kill_mid_batch(start_driver(settings, log_file), settings, log_file)
     jobs_before = latest_progress(Warehouse.of(settings), t.JOBS)

@@ -469,6 +469,22 @@ class StorageSettings(_Section):
         return self
 
 
+class JvmSettings(_Section):
+    """How the project starts its JVMs (the Kafka brokers, the Spark driver and a standalone
+    cluster's daemons and executors, the S3-compatible server): docs/deployment.md, *JVM
+    start-up*."""
+
+    class_sharing: bool = True
+    """Start the broker and the Spark driver on the class-data-sharing archives
+    `dispatch.stack.class_sharing` made for these exact jars (bootstrap makes them), when
+    there are any: a third less start-up. False: never use them."""
+    quick_start: bool = False
+    """The client compiler only (`-XX:TieredStopAtLevel=1`) for the brokers, the object store,
+    and a standalone cluster's daemons and executors (never the Spark driver): they reach their
+    first answer sooner and compile less, but run hot loops slower. For short runs (the test
+    suite, a demo); a long-running stack should leave it off."""
+
+
 class AuthSettings(_Section):
     # Relative to paths.var (resolved by Settings), so each stack has its own keys.
     keys_file: Path = Path("api-keys.json")
@@ -494,6 +510,7 @@ class Settings(BaseSettings):
     storage: StorageSettings = Field(default_factory=StorageSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     tenants: TenantSettings = Field(default_factory=TenantSettings)
+    jvm: JvmSettings = Field(default_factory=JvmSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -17,6 +17,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from dispatch.settings import Settings, StorageSettings
+from dispatch.stack import class_sharing
 from dispatch.stack.jars import JarError, jar_paths
 from dispatch.storage import S3_SCHEMES, scheme, storage_options
 
@@ -153,6 +154,12 @@ def spark_config(
     spark = settings.spark
     var = settings.paths.var
     utc = "-Duser.timezone=UTC"
+    driver_jvm = " ".join(
+        class_sharing.java_options(
+            settings, class_sharing.SPARK_DRIVER, class_sharing.spark_driver_classpath()
+        )
+    )
+    executor_jvm = " ".join([utc, *class_sharing.quick_start_options(settings)])
     partitions = str(spark.shuffle_partitions)
     config = {
         "spark.master": spark.master,
@@ -164,7 +171,9 @@ def spark_config(
         "spark.driver.memory": spark.driver_memory,
         "spark.driver.host": spark.driver_host,
         "spark.driver.bindAddress": spark.driver_bind_address,
-        "spark.executor.extraJavaOptions": utc,
+        # The executors' classpath is the worker's, not the driver's: the compiler option
+        # only, no archive.
+        "spark.executor.extraJavaOptions": executor_jvm,
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": str(spark.ui_enabled).lower(),
         "spark.ui.port": str(spark.ui_port),
@@ -176,7 +185,9 @@ def spark_config(
         # -Xss: a batch's rows reach Spark as a local relation inside the plan, and a large
         # batch's plan string overflowed the default 1 MB thread stack in a regex (seen at
         # 40k records per batch in bench/streaming_bench.py).
-        "spark.driver.extraJavaOptions": f"{utc} -Xss16m -Dderby.system.home={var / 'derby'}",
+        "spark.driver.extraJavaOptions": (
+            f"{utc} -Xss16m -Dderby.system.home={var / 'derby'} {driver_jvm}"
+        ).strip(),
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
     }
     if not is_local(spark.master):
@@ -193,14 +204,21 @@ def spark_config(
     return config
 
 
-def spark_session(settings: Settings, app_name: str = "dispatch") -> SparkSession:
-    """Get or create the process's Spark session, configured for Delta and Kafka."""
+def spark_session(
+    settings: Settings, app_name: str = "dispatch", driver_java_options: Sequence[str] = ()
+) -> SparkSession:
+    """Get or create the process's Spark session, configured for Delta and Kafka;
+    `driver_java_options` are added to the driver JVM's (streaming.class_training's)."""
     # The Python workers must run the driver's interpreter (the venv), not whatever `python3`
     # is first on PATH: pyspark reads PYSPARK_PYTHON (not the conf) for the functions it ships.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    config = spark_config(settings, session_jars(settings))
+    if driver_java_options:
+        key = "spark.driver.extraJavaOptions"
+        config[key] = " ".join([config[key], *driver_java_options])
     builder = SparkSession.builder.appName(app_name)
-    for key, value in spark_config(settings, session_jars(settings)).items():
+    for key, value in config.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 

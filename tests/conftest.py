@@ -8,6 +8,7 @@ session started, even when tests fail.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from dispatch.settings import Settings, load_settings, with_namespace
+from dispatch.settings import ENV_PREFIX, Settings, load_settings, with_namespace
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.stack.ports import free_port
 from tests.s3_server import s3_server
@@ -24,6 +25,11 @@ __all__ = ["s3_server"]  # the session's S3-compatible server, a fixture (tests/
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+# Every JVM the tests start, here or in the processes they spawn (which inherit this), runs on
+# the client compiler: the suite's JVMs live seconds to minutes, and on two cores C2's
+# compilations cost more than they win back (docs/deployment.md, *JVM start-up*).
+os.environ.setdefault(f"{ENV_PREFIX}JVM__QUICK_START", "true")
 
 _namespace_numbers = itertools.count(1)
 

@@ -25,7 +25,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from kafka import KafkaAdminClient
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from dispatch.settings import PROJECT_ROOT, KafkaSettings, Settings
+from dispatch.stack import class_sharing
 from dispatch.stack.jars import JarError, jar_paths
 from dispatch.stack.process import ManagedProcess, ProcessError, ProcessRecord
 
@@ -165,8 +166,13 @@ class Broker:
     """One embedded node: the single broker of one settings object, or node `node_id` of its
     local cluster (`kafka.brokers` > 1)."""
 
-    def __init__(self, settings: Settings, node_id: int = NODE_ID) -> None:
+    def __init__(
+        self, settings: Settings, node_id: int = NODE_ID, java_options: Sequence[str] = ()
+    ) -> None:
+        """`java_options` come last on the broker's JVM command line (class_training makes
+        the broker write its archive with them)."""
         self.settings = settings
+        self.java_options = list(java_options)
         self.kafka = settings.kafka
         self.node = cluster_nodes(self.kafka)[node_id - 1]
         self.clustered = self.kafka.brokers > 1
@@ -197,7 +203,14 @@ class Broker:
         return java
 
     def _classpath(self) -> str:
-        return ":".join(str(path) for path in jar_paths("broker", self.settings.jar_cache))
+        return ":".join(str(path) for path in self._jars())
+
+    def _jars(self) -> list[Path]:
+        return jar_paths("broker", self.settings.jar_cache)
+
+    def _sharing(self) -> list[str]:
+        """Its class-data-sharing archive and compiler options (dispatch.stack.class_sharing)."""
+        return class_sharing.java_options(self.settings, class_sharing.BROKER, self._jars())
 
     def _write_properties(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -222,7 +235,8 @@ class Broker:
         # A short-lived tool: the client compiler and the serial collector start it in a
         # third of the time (2 s instead of 6 s on a loaded two-core machine).
         command = [
-            self._java(), "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", self._classpath(),
+            self._java(), *self._sharing(), "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+            "-cp", self._classpath(),
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
             "kafka.tools.StorageTool", "format",
             "-t", self.cluster_id(), "-c", str(self.properties_file),
@@ -262,7 +276,7 @@ class Broker:
         command = [
             self._java(), f"-Xms{self.kafka.heap}", f"-Xmx{self.kafka.heap}",
             "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", *self._sharing(), *self.java_options,
             "-cp", self._classpath(), "kafka.Kafka", str(self.properties_file),
         ]  # fmt: skip
         return self.process.start(command)

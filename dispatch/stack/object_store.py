@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from dispatch.settings import Settings
+from dispatch.stack import class_sharing
 from dispatch.stack.jars import jar_paths
 from dispatch.stack.process import ManagedProcess, ProcessError, ProcessRecord
 
@@ -113,7 +114,10 @@ class ObjectStore:
                 "Java is not installed (Java 17+ is needed for S3Proxy): run scripts/bootstrap.sh"
             )
         (jar,) = jar_paths("s3proxy", self.settings.jar_cache)  # JarError says what is missing
-        return [java, f"-Xmx{HEAP}", "-jar", str(jar), "--properties", str(self.properties_file)]
+        return [
+            java, f"-Xmx{HEAP}", *class_sharing.quick_start_options(self.settings),
+            "-jar", str(jar), "--properties", str(self.properties_file),
+        ]  # fmt: skip
 
     def _port_taken(self) -> bool:
         # create_connection, not an AF_INET socket: the loopback host may be ::1 or localhost.

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import httpx
 
 from dispatch.settings import Settings
+from dispatch.stack import class_sharing
 from dispatch.stack.ports import free_port
 from dispatch.stack.process import ManagedProcess, ProcessError
 
@@ -111,6 +112,7 @@ class SparkCluster:
             "SPARK_LOCAL_DIRS": str(self.home / "local"),
             # The daemons only do bookkeeping (Spark's default heap is 1g each).
             "SPARK_DAEMON_MEMORY": "256m",
+            "SPARK_DAEMON_JAVA_OPTS": " ".join(class_sharing.quick_start_options(self.settings)),
             # Executors inherit it: their Python workers run this project's interpreter even
             # for an application that does not set spark.pyspark.python.
             "PYSPARK_PYTHON": sys.executable,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -11,16 +11,14 @@ from rich.table import Table
 
 from dispatch.cli_jobs import register as register_job_commands
 from dispatch.cli_replay import register_replay_command
-from dispatch.settings import ConfigError, Settings, load_settings, profile_name
-from dispatch.stack.jars import JarError
-from dispatch.stack.local import (
-    ComponentStatus,
-    LocalStack,
-    StackPlan,
-    StopSignals,
-    recorded_profile,
-)
 from dispatch.stack.process import ProcessError
+
+# Every `dispatch` process imports this module (`up` starts several), so the settings and the
+# stack (kafka-python, httpx) are imported in the commands that use them: each command pays
+# only for its own. dispatch.stack.process is standard library only.
+if TYPE_CHECKING:
+    from dispatch.settings import Settings
+    from dispatch.stack.local import ComponentStatus, LocalStack
 
 app = typer.Typer(
     help="A job dispatcher centred on Spark Structured Streaming.",
@@ -39,9 +37,13 @@ def _settings_and_profile(profile: str = "") -> tuple[Settings, str]:
     """The settings with `profile`'s overlay (conf/profiles/), and the profile's name; without
     one, DISPATCH_PROFILE's, else the profile the stack under `var` was started with, so that
     `dispatch down` and `status` act on what `dispatch up --profile ...` started."""
+    from dispatch.settings import ConfigError, load_settings, profile_name
+
     try:
         chosen = profile or profile_name()
         if not chosen:
+            from dispatch.stack.plan import recorded_profile
+
             chosen = recorded_profile(load_settings())
         return load_settings(chosen), chosen
     except (ConfigError, ProcessError) as error:
@@ -76,6 +78,9 @@ def up(
     """Start the local stack (Kafka broker in KRaft mode, topics, the streaming fold, a leader
     and a standby API node, demo workers; with `--profile cluster` the cluster's parts too);
     Ctrl-C stops it."""
+    from dispatch.stack.jars import JarError
+    from dispatch.stack.local import LocalStack, StackPlan, StopSignals
+
     settings, chosen = _settings_and_profile(profile)
     plan = StackPlan(streaming=streaming, workers=workers, profile=chosen)
     stack = LocalStack(settings, plan)
@@ -103,6 +108,7 @@ def up(
 def demo() -> None:
     """The tour: a stack of its own, a mix of jobs, a leader killed, the state read from Delta."""
     from dispatch.demo import run_demo
+    from dispatch.stack.jars import JarError
 
     settings = _settings()
     try:
@@ -115,6 +121,8 @@ def demo() -> None:
 @app.command()
 def down() -> None:
     """Stop every process of the local stack started by `dispatch up --detach`."""
+    from dispatch.stack.local import LocalStack
+
     stack = LocalStack(_settings())
     try:
         stopped = stack.down()
@@ -134,6 +142,8 @@ def restart(
 ) -> None:
     """Restart one component of a stack started by `dispatch up --detach` (stopped by its
     recorded pid, started again with the same settings); the others keep running."""
+    from dispatch.stack.local import LocalStack
+
     if (component == "node") != (port is not None):
         raise _fail(ValueError("give a PORT with `node`, and only with `node`"))
     stack = LocalStack(_settings())
@@ -147,6 +157,8 @@ def restart(
 @app.command()
 def status() -> None:
     """Show which processes of the local stack are running. Exit code 3 if any is not."""
+    from dispatch.stack.local import LocalStack
+
     stack = LocalStack(_settings())
     try:
         components = _print_status(stack)

@@ -25,17 +25,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from typer.models import CommandInfo
 
-from dispatch.client import Accepted, Client, DispatchError, Job, Submission, WaitTimeout
+# `dispatch` imports this module for every command: the client (httpx, websockets, pydantic)
+# is imported in the functions that use it, so the other commands do not pay for it.
+if TYPE_CHECKING:
+    from typer.models import CommandInfo
+
+    from dispatch.client import Accepted, Client, Job, Submission
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -76,6 +78,8 @@ def _print_json(data: Any) -> None:
 @contextmanager
 def _client(url: str | None) -> Iterator[Client]:
     """A client from `--url` or the environment; API and network errors become one line."""
+    from dispatch.client import Client, DispatchError
+
     try:
         client = Client(url or None, retry_timeout_s=CLI_RETRY_S)
     except ValueError as error:
@@ -155,6 +159,10 @@ def _parse_payload(text: str | None) -> Any:
 def read_jobs_file(path: Path) -> list[Submission]:
     """The submissions of a JSON-lines file (blank lines skipped); a bad line raises
     ValueError naming the file and line, before anything is sent."""
+    from pydantic import ValidationError
+
+    from dispatch.client import Submission
+
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as error:
@@ -206,6 +214,10 @@ def submit(
     as_json: JsonOption = False,
 ) -> None:
     """Submit a job: `submit EXEC --payload JSON [--wait]`, or many: `submit --file jobs.jsonl`."""
+    from pydantic import ValidationError
+
+    from dispatch.client import Submission, WaitTimeout
+
     if file is not None:
         if exec_name is not None or payload is not None or job_id is not None or wait:
             _fail("--file submits the file's jobs: give no EXEC, --payload, --id or --wait",
@@ -253,6 +265,16 @@ def _show_accepted(accepted: Accepted, as_json: bool) -> None:
 
 
 def _submit_file(path: Path, url: str | None, as_json: bool) -> None:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from dispatch.client import DispatchError
+
     try:
         jobs = read_jobs_file(path)
     except ValueError as error:
@@ -422,6 +444,7 @@ def worker(
     url: UrlOption = None,
 ) -> None:
     """Run a worker process: take jobs for the app's handlers until SIGTERM or Ctrl-C."""
+    from dispatch.client import DispatchError
     from worker.sdk import RunOptions, WorkerError
 
     if transport is not None and transport not in ("ws", "rest"):

@@ -17,17 +17,17 @@ from typing import Annotated, NoReturn
 import typer
 from rich.console import Console
 
-from dispatch.replay.fleet import DEFAULT_SUBJECTS
-from dispatch.replay.overrides import OverrideError
-from dispatch.replay.render import report_table
-from dispatch.replay.run import ReplayRequest, run_replay
-from dispatch.replay.source import DEFAULT_TAIL_S, DEFAULT_WARMUP_S, WindowError
-from dispatch.replay.table import REPLAYS, append_replay
-from dispatch.settings import ConfigError, load_settings
-from dispatch.warehouse import Warehouse
-
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+
+# `dispatch` imports this module for every command, and importing any `dispatch.replay` module
+# imports the whole package (pyarrow, the core, the settings), so `replay` imports it when it
+# runs. The defaults its `--help` shows are copies, which tests/unit/replay/test_cli_replay.py
+# checks against the package's.
+DEFAULT_TAIL_S = 3600.0  # dispatch.replay.source's
+DEFAULT_WARMUP_S = 600.0  # dispatch.replay.source's
+DEFAULT_SUBJECTS = ("job.assign.>",)  # dispatch.replay.fleet's
+REPLAYS = "replays"  # dispatch.replay.table's
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -100,6 +100,14 @@ def replay(
 ) -> None:
     """Replay a recorded window with other settings; compare queue waits, throughput,
     attempts and dead letters, actual against simulated, per exec and per tenant."""
+    from dispatch.replay.overrides import OverrideError
+    from dispatch.replay.render import report_table
+    from dispatch.replay.run import ReplayRequest, run_replay
+    from dispatch.replay.source import WindowError
+    from dispatch.replay.table import append_replay
+    from dispatch.settings import ConfigError, load_settings
+    from dispatch.warehouse import Warehouse
+
     try:
         settings = load_settings()
     except ConfigError as error:

@@ -5,16 +5,15 @@ Kafka broker (or `kafka.brokers` nodes of a local cluster; none with `kafka.exte
 topics, a Spark standalone master and workers (when `spark.cluster_workers`), the Structured
 Streaming fold (`dispatch streaming`), one API node per `api.ports` (the first to take the
 lease leads, the others stand by), and optionally demo workers (`worker.examples`). Each is a
-managed process with a pid file under `var/run`; `var/run/stack.json` remembers which
-optional parts `up` started and the profile, so `status` and `down` know what to expect.
-`restart` stops one component by its recorded pid and starts it again with the same settings
-(`dispatch restart`).
+managed process with a pid file under `var/run`; `var/run/stack.json` (`dispatch.stack.plan`)
+remembers which optional parts `up` started and the profile, so `status` and `down` know what
+to expect. `restart` stops one component by its recorded pid and starts it again with the same
+settings (`dispatch restart`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -30,11 +29,24 @@ import httpx
 from dispatch.settings import Settings, to_environment
 from dispatch.stack.broker import Broker, KafkaCluster, create_topics
 from dispatch.stack.object_store import ObjectStore
+from dispatch.stack.plan import StackPlan, plan_path, read_plan, write_plan
 from dispatch.stack.process import ManagedProcess, ProcessError
 from dispatch.stack.spark_cluster import SparkCluster
 
 DISPATCH = str(Path(sys.executable).parent / "dispatch")
 NODE_READY_TIMEOUT_S = 90.0
+
+# StackPlan lives in dispatch.stack.plan (the CLI reads the plan without this module's
+# imports); the demo and the benches import it from here with the stack.
+__all__ = [
+    "DISPATCH",
+    "NODE_READY_TIMEOUT_S",
+    "ApiNode",
+    "ComponentStatus",
+    "LocalStack",
+    "StackPlan",
+    "StopSignals",
+]
 
 
 @dataclass(frozen=True)
@@ -72,41 +84,6 @@ class ApiNode:
         return False
 
 
-@dataclass(frozen=True)
-class StackPlan:
-    """What `up` started besides the broker and the API nodes, and with which profile."""
-
-    streaming: bool = True
-    workers: int = 0
-    profile: str = ""
-    """The settings profile (conf/profiles/) the stack runs with; "": none."""
-
-
-def _plan_file(settings: Settings) -> Path:
-    return settings.paths.var / "run" / "stack.json"
-
-
-def _read_plan(plan_file: Path) -> StackPlan | None:
-    try:
-        saved = json.loads(plan_file.read_text())
-    except FileNotFoundError:
-        return None
-    except (ValueError, OSError) as error:
-        raise ProcessError(f"{plan_file} is unreadable ({error}); remove it") from error
-    return StackPlan(
-        bool(saved.get("streaming", True)),
-        int(saved.get("workers", 0)),
-        str(saved.get("profile", "")),
-    )
-
-
-def recorded_profile(settings: Settings) -> str:
-    """The profile of the stack `up` started under these settings' `var` ("": none, or no
-    stack): `down` and `status` load it so they see the parts that profile runs."""
-    plan = _read_plan(_plan_file(settings))
-    return plan.profile if plan is not None else ""
-
-
 class LocalStack:
     def __init__(self, settings: Settings, plan: StackPlan | None = None) -> None:
         self.settings = settings
@@ -118,7 +95,7 @@ class LocalStack:
         self.nodes = [ApiNode(settings, port) for port in settings.api.ports]
         self.run_dir = settings.paths.var / "run"
         self.logs = settings.paths.var / "logs"
-        self.plan_file = _plan_file(settings)
+        self.plan_file = plan_path(settings)
         self.plan = plan if plan is not None else self._saved_plan()
         self.streaming = ManagedProcess("streaming", self.run_dir, self.logs / "streaming.log")
 
@@ -131,7 +108,7 @@ class LocalStack:
         return self.kafka.nodes[0]
 
     def _saved_plan(self) -> StackPlan:
-        return _read_plan(self.plan_file) or StackPlan()
+        return read_plan(self.plan_file) or StackPlan()
 
     def workers(self, count: int | None = None) -> list[ManagedProcess]:
         wanted = self.plan.workers if count is None else count
@@ -145,7 +122,7 @@ class LocalStack:
         from dispatch.auth import ensure_dev_keys  # the API package is heavier than the stack's
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.plan_file.write_text(json.dumps(self.plan.__dict__))
+        write_plan(self.plan_file, self.plan)
         if self.object_store is not None:
             self.object_store.start()  # first: the lease table and the warehouse live there
         if not self.settings.kafka.external:

@@ -9,7 +9,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from dispatch import cli_replay
 from dispatch.cli_replay import parse_time, register_replay_command
+from dispatch.replay import fleet, source
 from dispatch.replay.table import REPLAYS
 from dispatch.warehouse import Warehouse
 from tests.unit.replay.recording import job_mix, record_run, write_events_table
@@ -85,6 +87,14 @@ def test_a_mistake_is_one_line_naming_it(
     assert exit_code == code
     assert err.startswith("error: ") and message in err
     assert err.count("\n") == 1
+
+
+def test_the_defaults_in_help_are_the_replay_packages() -> None:
+    # Copies, so that `dispatch` does not import dispatch.replay for every command.
+    assert cli_replay.DEFAULT_TAIL_S == source.DEFAULT_TAIL_S
+    assert cli_replay.DEFAULT_WARMUP_S == source.DEFAULT_WARMUP_S
+    assert cli_replay.DEFAULT_SUBJECTS == fleet.DEFAULT_SUBJECTS
+    assert cli_replay.REPLAYS == REPLAYS
 
 
 def test_times_without_a_zone_are_utc() -> None:

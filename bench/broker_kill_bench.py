@@ -51,6 +51,7 @@ from bench.failover_bench import (
     wait_all_succeeded,
 )
 from bench.restart_bench import Load, wait_for
+from bench.signals import unwinds_on_sigterm
 from bench.stats import machine
 from dispatch.settings import Settings, load_settings
 from dispatch.stack.broker import Broker, wait_in_sync
@@ -201,6 +202,7 @@ def run(
     }
 
 
+@unwinds_on_sigterm
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.broker_kill_bench", description=(__doc__ or "").split("\n\n")[0]

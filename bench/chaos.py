@@ -77,6 +77,7 @@ from bench.chaos_audit import (
     verdict,
     wrong_states,
 )
+from bench.signals import unwinds_on_sigterm
 from dispatch.event_records import decode_batch
 from dispatch.settings import Settings, to_environment
 from dispatch.stack.local import DISPATCH, LocalStack, StackPlan
@@ -637,6 +638,7 @@ def _kill_9(process: ManagedProcess, *, group: bool = False) -> None:
         time.sleep(0.02)
 
 
+@unwinds_on_sigterm
 def run_chaos(options: ChaosOptions) -> ChaosResult:
     unknown = [kind for kind in options.faults if kind not in FAULT_KINDS]
     if unknown:
@@ -843,6 +845,7 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+@unwinds_on_sigterm
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.chaos", description=__doc__.split("\n\n")[0]

@@ -39,6 +39,7 @@ import websockets
 from kafka import KafkaConsumer, KafkaProducer
 
 from api.kafka_log import replay_events
+from bench.signals import unwinds_on_sigterm
 from bench.stats import machine, percentiles
 from dispatch.auth import ensure_dev_keys
 from dispatch.core.events import Assigned, Completed
@@ -345,6 +346,7 @@ def since(start: dict[str, float], end: dict[str, float]) -> list[float]:
     return [at - start[job_id] for job_id, at in end.items() if job_id in start]
 
 
+@unwinds_on_sigterm
 def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payload_bytes: int,
               rate: float | None, clients: int = 4, warmup_jobs: int = 0,
               sdk_loop: int = 0) -> BenchResult:  # fmt: skip

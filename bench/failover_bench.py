@@ -57,6 +57,7 @@ from typing import Any
 
 import httpx
 
+from bench.signals import unwinds_on_sigterm
 from dispatch.settings import Settings, load_settings
 from dispatch.stack.local import ApiNode, LocalStack, StackPlan
 from dispatch.stack.ports import free_port, free_port_run
@@ -568,6 +569,7 @@ def run_failover(
     )
 
 
+@unwinds_on_sigterm
 def main(argv: list[str] | None = None) -> int:
     from bench import rebuild_bench
 

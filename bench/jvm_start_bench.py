@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.signals import unwinds_on_sigterm
 from dispatch.settings import ENV_PREFIX, Settings, load_settings
 from dispatch.stack.ports import free_port
 
@@ -98,6 +99,7 @@ def run_one(target: str, variant: str) -> dict[str, float]:
     return result
 
 
+@unwinds_on_sigterm
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.jvm_start_bench", description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)

@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from bench.failover_bench import stack_settings
+from bench.signals import unwinds_on_sigterm
 from dispatch.stack.local import LocalStack, StackPlan
 
 EXEC = "bench.restart"
@@ -239,6 +240,7 @@ def run(rounds: int, *, down_s: float, every_s: float, settle_s: float) -> list[
     return results
 
 
+@unwinds_on_sigterm
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.restart_bench", description=(__doc__ or "").split("\n\n")[0]

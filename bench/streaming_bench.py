@@ -80,6 +80,7 @@ from bench.freshness_windows import (
     windows_of,
 )
 from bench.leader_emulator import EXECS, GROUP, Emulator, emulate_leader
+from bench.signals import unwinds_on_sigterm
 from dispatch.core.events import Event
 from dispatch.event_records import encode_batch
 from dispatch.settings import Settings, load_settings
@@ -781,6 +782,7 @@ def describe_backlog(results: Sequence[BacklogResult]) -> str:
 # --- main --------------------------------------------------------------------------------------
 
 
+@unwinds_on_sigterm
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.streaming_bench", description=__doc__.split("\n\n")[0]

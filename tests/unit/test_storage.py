@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
+from deltalake.exceptions import DeltaError
 
 from dispatch.lease import LEASES, LeaseTable
 from dispatch.settings import ConfigError, LeaseSettings, StorageSettings, load_settings
@@ -184,6 +186,25 @@ def test_the_settings_locations_are_paths_under_var_or_uris(tmp_path: Path) -> N
     for bad in ("s3://", " "):
         with pytest.raises(ConfigError, match="warehouse"):
             load_settings(paths={"warehouse": bad})
+
+
+@pytest.mark.parametrize("lines", [0, 1, 2], ids=["empty", "commit-info", "no-protocol"])
+def test_a_table_whose_first_commit_is_not_whole_yet_does_not_exist_yet(
+    tmp_path: Path, lines: int
+) -> None:
+    # What a reader saw while Spark created `jobs` on S3Proxy: the first commit's first lines.
+    warehouse = Warehouse.at(tmp_path)
+    write_deltalake(warehouse.table("jobs"), pa.table({"id": ["a"]}))
+    first = Path(warehouse.table("jobs")) / "_delta_log" / f"{0:020}.json"
+    whole = [json.loads(line) for line in first.read_text().splitlines()]
+    order = ["commitInfo", "metaData", "protocol", "add"]
+    whole.sort(key=lambda action: order.index(next(iter(action))))
+    first.write_text("".join(json.dumps(action) + "\n" for action in whole[:lines]))
+    assert warehouse.open_if_exists("jobs") is None
+    # A log that is broken otherwise still raises.
+    first.write_text("not json\n")
+    with pytest.raises(DeltaError):
+        warehouse.open_if_exists("jobs")
 
 
 def test_the_warehouse_opens_its_tables_with_its_options(tmp_path: Path) -> None:

@@ -247,6 +247,20 @@ def has_files(location: str | Path, options: Mapping[str, str] | None = None) ->
     return len(filesystem.get_file_info(selector)) > 0
 
 
+def file_names(location: str | Path, options: Mapping[str, str] | None = None) -> list[str]:
+    """The names of every file at any depth under the folder (prefix) `location`, relative
+    to it; folders themselves, and an object store's folder markers, are not files."""
+    import pyarrow.fs as pafs
+
+    filesystem, path = _filesystem(normalize(location), options or {})
+    selector = pafs.FileSelector(path, allow_not_found=True, recursive=True)
+    return sorted(
+        info.path.removeprefix(path).lstrip("/")
+        for info in filesystem.get_file_info(selector)
+        if info.type == pafs.FileType.File
+    )
+
+
 @dataclass(frozen=True)
 class Location:
     """A location with the options that reach it: what a reader of plain files there needs

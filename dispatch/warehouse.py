@@ -8,6 +8,7 @@ the same URIs through its own Hadoop configuration (streaming/session.py).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,10 @@ from dispatch.settings import Settings, StorageSettings
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
+
+_LOG_FILE = re.compile(r"^\d{20}\.|^_last_checkpoint$")
+"""A commit, checkpoint or checksum of a Delta log (`00000000000000000000.json`, ...): what
+makes a log a table's rather than the leftovers of a creation that never committed."""
 
 _NOT_WHOLE_YET = ("No protocol found", "No table metadata or protocol found", "No metadata found")
 """delta-kernel's words for a log whose first commit lacks its protocol or its metadata."""
@@ -73,3 +78,16 @@ class Warehouse:
             if any(sign in str(error) for sign in _NOT_WHOLE_YET):
                 return None
             raise
+
+    def abandoned_log(self, name: str) -> str | None:
+        """The log folder of table `name` when it exists but holds no commit: what a creator
+        killed before its first commit leaves behind (Spark's Delta makes `_delta_log/` and
+        `_delta_log/_staged_commits/` first). Spark's Delta takes such a folder for a table
+        and fails to create it (DELTA_TABLE_NOT_FOUND); None for a table or for nothing."""
+        log = storage.join(self.table(name), "_delta_log")
+        if not storage.has_files(log, self.storage_options):
+            return None
+        files = storage.file_names(log, self.storage_options)
+        if any(_LOG_FILE.match(Path(file).name) for file in files):
+            return None
+        return log

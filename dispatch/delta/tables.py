@@ -20,6 +20,7 @@ by plain columns only.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from dispatch.warehouse import Warehouse
+
+log = logging.getLogger(__name__)
 
 EVENTS = "events"
 JOBS = "jobs"
@@ -219,6 +222,16 @@ def arrow_rows(name: str, rows: list[dict[str, object]]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=SCHEMAS[name])
 
 
+def _delete_folder(spark: SparkSession, location: str) -> None:
+    """Delete a folder through Spark's own Hadoop filesystem: the one that reaches the
+    location as Spark's Delta does (pyarrow's S3 bulk delete lacks the Content-MD5 header
+    some S3-compatible servers, S3Proxy among them, require)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None, "a Spark session in this process"
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(path, True)
+
+
 def create_tables(spark: SparkSession, warehouse: Warehouse) -> None:
     """Create every table that does not exist yet (a no-op for the others).
 
@@ -232,6 +245,12 @@ def create_tables(spark: SparkSession, warehouse: Warehouse) -> None:
     for name in SCHEMAS:
         table = warehouse.open_if_exists(name)
         if table is None:
+            abandoned = warehouse.abandoned_log(name)
+            if abandoned is not None:
+                # The fold is the tables' only creator: nobody else is half-way through
+                # creating this one now, so what is there was left by a fold that died.
+                log.warning("table %s: removing the log of a creation that never committed", name)
+                _delete_folder(spark, abandoned)
             builder = (
                 DeltaTable.createIfNotExists(spark)
                 .location(warehouse.table(name))

@@ -14,6 +14,7 @@ from dispatch.lease import LEASES, LeaseTable
 from dispatch.settings import ConfigError, LeaseSettings, StorageSettings, load_settings
 from dispatch.storage import (
     Location,
+    file_names,
     is_object_store,
     is_uri,
     join,
@@ -220,3 +221,27 @@ def test_the_warehouse_opens_its_tables_with_its_options(tmp_path: Path) -> None
     assert not remote.is_local and remote.table("jobs") == "s3://bucket/wh/jobs"
     assert remote.storage_options["aws_conditional_put"] == "etag"
     assert "s3cr3t" not in repr(remote)
+
+
+def test_the_files_under_a_folder_are_listed_at_any_depth(tmp_path: Path) -> None:
+    folder = tmp_path / "cp"
+    assert file_names(folder) == []  # nothing there
+    (folder / "offsets" / "empty").mkdir(parents=True)
+    assert file_names(folder) == []  # folders are not files
+    (folder / "offsets" / "0").write_text("v1\n")
+    (folder / "metadata").write_text("{}")
+    assert file_names(folder) == ["metadata", "offsets/0"]
+
+
+def test_a_log_without_a_commit_is_abandoned_and_a_table_never_is(tmp_path: Path) -> None:
+    warehouse = Warehouse.at(tmp_path)
+    assert warehouse.abandoned_log("events") is None  # no table, no folder
+    # What Spark's Delta leaves when killed before its first commit: the folders alone, or
+    # with the temporary file its commit was being written to.
+    log = tmp_path / "events" / "_delta_log"
+    (log / "_staged_commits").mkdir(parents=True)
+    assert warehouse.abandoned_log("events") == str(log)
+    (log / f".{0:020}.json.3f1c.tmp").write_text('{"commitInfo":{}}\n')
+    assert warehouse.abandoned_log("events") == str(log)
+    write_deltalake(warehouse.table("jobs"), pa.table({"id": ["a"]}))
+    assert warehouse.abandoned_log("jobs") is None

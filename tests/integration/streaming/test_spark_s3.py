@@ -19,8 +19,10 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
+from dispatch.delta import tables as t
 from dispatch.settings import Settings
 from dispatch.storage import storage_options
+from dispatch.warehouse import Warehouse
 from streaming.session import configure_object_storage, s3a_config
 from tests.s3_server import BUCKET, S3Server
 
@@ -28,6 +30,8 @@ pytestmark = pytest.mark.integration
 
 QUERY_TIMEOUT_S = 180
 ROWS = [(1, "a"), (2, "b"), (3, "c")]
+STAGED_COMMITS = "_delta_log/_staged_commits"
+"""The first folder Spark's Delta makes when it creates a table, before any commit."""
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +130,26 @@ def test_a_streaming_query_resumes_from_its_checkpoint_on_s3(
     assert (stored / "offsets" / "1").is_file()
     assert not (stored / "offsets" / "2").exists()
     assert (stored / "commits" / "1").is_file()
+
+
+def test_the_fold_creates_its_tables_over_a_creation_killed_before_its_first_commit(
+    s3_spark: SparkSession, s3_server: S3Server, request: pytest.FixtureRequest
+) -> None:
+    # A cluster chaos run killed the fold while Spark created `events`: Delta had made the
+    # log's folders (S3A folder markers), not yet its first commit. The restarted fold then
+    # failed at every start with DELTA_TABLE_NOT_FOUND. Made here by the same Hadoop calls.
+    warehouse = Warehouse.at(s3_server.uri(unique(request), "warehouse"), s3_server.settings())
+    jvm, hadoop = s3_spark.sparkContext._jvm, s3_spark.sparkContext._jsc.hadoopConfiguration()
+    assert jvm is not None
+    for name in (t.EVENTS, t.JOBS):
+        staged = jvm.org.apache.hadoop.fs.Path(f"{warehouse.table(name)}/{STAGED_COMMITS}")
+        assert staged.getFileSystem(hadoop).mkdirs(staged)
+        assert warehouse.open_if_exists(name) is None
+    t.create_tables(s3_spark, warehouse)
+    for name in t.SCHEMAS:
+        table = warehouse.open(name)
+        assert table.version() >= 0 and table.to_pyarrow_table().num_rows == 0, name
+    assert s3_spark.read.format("delta").load(warehouse.table(t.EVENTS)).count() == 0
 
 
 def test_spark_redacts_the_s3a_secrets(spark: SparkSession, s3_server: S3Server) -> None:

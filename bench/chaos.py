@@ -31,8 +31,9 @@ the log), run to success twice (worker side, not explained by a worker kill), wr
 state, deposed-epoch writes, Delta vs API disagreements, malformed records not rejected.
 Liveness per fault: kill -> first new completion in the log, kill -> first accepted
 submission, the canary's time to finish; and worker slot overruns. Exit 1 on any safety count
-above 0, or a canary slower than 10 s (or unfinished) after a plain kill (leader, worker,
-streaming).
+above 0, a fault the stack never recovered from (a fold that exits after its restart ends the
+waits at once rather than at their timeouts), or a canary slower than 10 s (or unfinished)
+after a plain kill (leader, worker, streaming).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -413,13 +414,18 @@ class Chaos:
         # component and wait for a leader).
         self.stack.restart("streaming")
         deadline = time.monotonic() + self.options.delta_timeout_s
+        fault.note = "recovered = the fold's next jobs commit"
         while time.monotonic() < deadline:
             now = latest_progress(warehouse, t.JOBS)
             if now is not None and (before is None or now.version > before.version):
                 fault.recovered_s = round(time.time() - fault.killed_at, 3)
                 break
+            code = self.stack.streaming.exit_code()
+            if code is not None:
+                # Dead again: waiting out the timeout would only hide it for minutes.
+                fault.note = f"the restarted fold exited with code {code}: logs/streaming.log"
+                break
             time.sleep(DELTA_POLL_S)
-        fault.note = "recovered = the fold's next jobs commit"
         return fault
 
     def join_canaries(self, timeout_s: float) -> None:
@@ -527,10 +533,14 @@ SETTLE_POLL_S = 1.0
 
 
 def delta_statuses(
-    settings: Settings, log_end: Mapping[int, int], timeout_s: float
+    settings: Settings,
+    log_end: Mapping[int, int],
+    timeout_s: float,
+    fold_exit_code: Callable[[], int | None] = lambda: None,
 ) -> dict[str, str] | None:
     """The `jobs` table's status per id once the fold covered `log_end` (events partition ->
-    the offset after the last record read); None when it did not within `timeout_s`.
+    the offset after the last record read); None when it did not within `timeout_s`, or
+    when the fold's process has exited (`fold_exit_code`) before it did.
 
     Covered: `jobs` records it, or `events` does and the grace for that batch's `jobs` MERGE
     passed (a batch that changed no job may leave no `jobs` commit)."""
@@ -554,7 +564,7 @@ def delta_statuses(
             while not covers(t.JOBS) and time.monotonic() < grace_ends:
                 time.sleep(DELTA_POLL_S)
             break
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or fold_exit_code() is not None:
             return None
         time.sleep(DELTA_POLL_S)
     rows = warehouse.open(t.JOBS).to_pyarrow_table(columns=["dispatch_group", "id", "status"])
@@ -718,7 +728,8 @@ def _audit(
     across_outage = ran_across_an_outage(run_lines, outage_windows(faults))
     rejected = rejected_keys(settings)
     audit_began = time.monotonic()
-    delta = delta_statuses(settings, log_end, options.delta_timeout_s)
+    fold = chaos.stack.streaming
+    delta = delta_statuses(settings, log_end, options.delta_timeout_s, fold.exit_code)
     phases["delta_wait_s"] = round(time.monotonic() - audit_began, 1)
     accepted = load.accepted | {fault.canary_id for fault in faults if fault.canary_s is not None}
     planned_ids = {job.id for job in planned} | set(canary_ids)

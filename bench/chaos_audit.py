@@ -365,6 +365,11 @@ def verdict(safety: Mapping[str, int | None], faults: Sequence[FaultRecord]) -> 
     """Every reason the run fails; empty when it passes."""
     reasons = [f"{name}: {count}" for name, count in safety.items() if count]
     reasons += [f"{name}: not measured" for name, count in safety.items() if count is None]
+    reasons += [
+        f"fault {number} ({fault.kind}): never recovered ({fault.note})"
+        for number, fault in enumerate(faults, start=1)
+        if fault.recovered_s is None
+    ]
     return reasons + canary_failures(faults)
 
 

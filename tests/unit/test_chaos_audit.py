@@ -170,8 +170,10 @@ def test_lost_wrong_unexpected_and_disagreeing_jobs() -> None:
     ]
 
 
-def _fault(kind: str, canary_s: float | None, status: str | None = "succeeded") -> FaultRecord:
-    fault = FaultRecord(kind, 1.0, 100.0, "x")
+def _fault(
+    kind: str, canary_s: float | None, status: str | None = "succeeded", recovered_s: float = 5.0
+) -> FaultRecord:
+    fault = FaultRecord(kind, 1.0, 100.0, "x", recovered_s=recovered_s)
     fault.canary_s, fault.canary_status = canary_s, status
     return fault
 
@@ -190,6 +192,16 @@ def test_the_verdict_lists_nonzero_and_unmeasured_safety_counts() -> None:
     assert reasons[0] == "lost: 2"
     assert reasons[1] == "delta_api_disagreements: not measured"
     assert "canary took 30.0 s" in reasons[2]
+
+
+def test_a_fault_the_stack_never_recovered_from_fails_the_run() -> None:
+    # The fold restarted after its kill, then exited at once: the canary had already gone
+    # through the leader, and nothing else would have said the work stopped reaching Delta.
+    dead = _fault("streaming", 0.3)
+    dead.recovered_s, dead.note = None, "the restarted fold exited with code 1"
+    assert verdict({"lost": 0}, [_fault("broker", 3.0), dead]) == [
+        "fault 2 (streaming): never recovered (the restarted fold exited with code 1)"
+    ]
 
 
 def test_faults_are_spread_evenly_inside_the_load() -> None:

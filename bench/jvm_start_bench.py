@@ -32,10 +32,11 @@ from dispatch.settings import ENV_PREFIX, Settings, load_settings
 from dispatch.stack.ports import free_port
 
 VARIANTS: dict[str, dict[str, bool]] = {
-    "neither": {"class_sharing": False, "quick_start": False},
-    "archive": {"class_sharing": True, "quick_start": False},
-    "client compiler": {"class_sharing": False, "quick_start": True},
-    "both": {"class_sharing": True, "quick_start": True},
+    "neither": {"class_sharing": False, "quick_start": False, "quick_start_driver": False},
+    "archive": {"class_sharing": True, "quick_start": False, "quick_start_driver": False},
+    # The driver too (`jvm.quick_start_driver`), as for the short-lived drivers of the tests.
+    "client compiler": {"class_sharing": False, "quick_start": True, "quick_start_driver": True},
+    "both": {"class_sharing": True, "quick_start": True, "quick_start_driver": True},
 }
 TARGETS = ("broker", "spark")
 

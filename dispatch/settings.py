@@ -483,6 +483,11 @@ class JvmSettings(_Section):
     and a standalone cluster's daemons and executors (never the Spark driver): they reach their
     first answer sooner and compile less, but run hot loops slower. For short runs (the test
     suite, a demo); a long-running stack should leave it off."""
+    quick_start_driver: bool = False
+    """With `quick_start`, the client compiler for the Spark driver too (`dispatch streaming`,
+    a notebook's own session). Only for drivers that live a minute or two: their start and
+    first queries take less CPU; a driver folding for longer runs its planning and Delta work
+    up to twice as slow (BENCHMARKS.md, *JVM start-up*)."""
 
 
 class AuthSettings(_Section):

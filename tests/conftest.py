@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 # the client compiler: the suite's JVMs live seconds to minutes, and on two cores C2's
 # compilations cost more than they win back (docs/deployment.md, *JVM start-up*).
 os.environ.setdefault(f"{ENV_PREFIX}JVM__QUICK_START", "true")
+# The Spark drivers the tests spawn (folds of a test's stack, notebooks) too: they live a
+# minute or two. Never the session's own driver below, which folds for the whole run.
+os.environ.setdefault(f"{ENV_PREFIX}JVM__QUICK_START_DRIVER", "true")
 
 _namespace_numbers = itertools.count(1)
 
@@ -60,7 +63,9 @@ def spark(stack_settings: Settings) -> Iterator[SparkSession]:
     """The one real Spark session (Delta + Kafka connector) of this test session."""
     from streaming.session import spark_session
 
-    session = spark_session(stack_settings, app_name="dispatch-tests")
+    jvm = stack_settings.jvm.model_copy(update={"quick_start_driver": False})
+    own = stack_settings.model_copy(update={"jvm": jvm})
+    session = spark_session(own, app_name="dispatch-tests")
     try:
         yield session
     finally:

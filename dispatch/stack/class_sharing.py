@@ -72,8 +72,10 @@ def java_options(settings: Settings, role: str, classpath: Sequence[Path]) -> li
     """The options a JVM of `role` on `classpath` starts with: its archive when one was made
     for these jars (and `jvm.class_sharing` allows it), and `quick_start_options` except for
     the Spark driver, which plans and compiles every query: the client compiler's code made
-    Spark's own work twice as slow there (BENCHMARKS.md, *JVM start-up*)."""
-    options = [] if role == SPARK_DRIVER else quick_start_options(settings)
+    Spark's own work twice as slow there (BENCHMARKS.md, *JVM start-up*), unless
+    `jvm.quick_start_driver` asks for it."""
+    quick = role != SPARK_DRIVER or settings.jvm.quick_start_driver
+    options = quick_start_options(settings) if quick else []
     if settings.jvm.class_sharing:
         archive = archive_path(settings, role, classpath)
         if archive.is_file():

@@ -132,14 +132,12 @@ def run_notebook(
     to the process's (and so the kernel's)."""
     # The kernel loads the settings from conf/ and the environment like any user's: its
     # Spark scratch folders go under the test's own var, jars come from the same cache.
-    # The notebook's JVM lives a minute: C2 compilation would cost more CPU than it saves
-    # (C1 only makes its start and first queries ~40 % faster here).
-    java_options = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} -XX:TieredStopAtLevel=1"
+    # The notebook's JVM lives a minute: it runs on the client compiler, as every driver the
+    # tests spawn does (`jvm.quick_start_driver`, tests/conftest.py).
     env = {
         **os.environ,
         "DISPATCH_PATHS__VAR": str(folder / "var"),
         "DISPATCH_PATHS__CACHE": str(produced.settings.paths.cache),
-        "JAVA_TOOL_OPTIONS": java_options.strip(),
         **(environment or {}),
     }
     return execute_notebook(folder, name, {"warehouse": produced.warehouse, **parameters}, env=env)

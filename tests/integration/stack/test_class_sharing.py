@@ -50,8 +50,9 @@ def test_the_spark_driver_maps_the_archive_made_for_its_jars(
     )
     assert archive.is_file(), "no archive for these jars: run python -m streaming.class_training"
     assert archive in mapped_files(pid)
-    # The suite runs its JVMs on the client compiler (tests/conftest.py), except the driver,
-    # where Spark's planning needs C2's code.
+    # The suite runs its JVMs on the client compiler (tests/conftest.py), the drivers it
+    # spawns too, except this session's own driver: it folds for the whole run, and Spark's
+    # planning there needs C2's code.
     conf = spark.sparkContext.getConf()
     driver = conf.get("spark.driver.extraJavaOptions") or ""
     assert class_sharing.QUICK_START_OPTION not in driver.split()

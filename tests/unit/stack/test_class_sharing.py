@@ -72,9 +72,19 @@ def test_quick_start_is_off_unless_asked(tmp_path: Path, jars: list[Path]) -> No
 
 
 def test_the_spark_driver_keeps_the_optimising_compiler(tmp_path: Path, jars: list[Path]) -> None:
-    settings = settings_in(tmp_path, quick_start=True)
+    settings = settings_in(tmp_path, quick_start=True, quick_start_driver=False)
     assert java_options(settings, class_sharing.SPARK_DRIVER, jars) == []
     assert java_options(settings, class_sharing.BROKER, jars) == [QUICK_START_OPTION]
+
+
+def test_a_short_lived_driver_may_take_the_client_compiler_with_quick_start(
+    tmp_path: Path, jars: list[Path]
+) -> None:
+    assert JvmSettings().quick_start_driver is False
+    both = settings_in(tmp_path, quick_start=True, quick_start_driver=True)
+    assert java_options(both, class_sharing.SPARK_DRIVER, jars) == [QUICK_START_OPTION]
+    driver_only = settings_in(tmp_path, quick_start=False, quick_start_driver=True)
+    assert java_options(driver_only, class_sharing.SPARK_DRIVER, jars) == []
 
 
 def test_an_archive_is_published_whole_and_replaces_the_older_ones(tmp_path: Path) -> None:

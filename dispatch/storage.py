@@ -247,6 +247,15 @@ def has_files(location: str | Path, options: Mapping[str, str] | None = None) ->
     return len(filesystem.get_file_info(selector)) > 0
 
 
+def exists(location: str | Path, options: Mapping[str, str] | None = None) -> bool:
+    """Whether a file or a folder is at `location`, an empty folder too (on an object store,
+    a folder marker, as S3A's `mkdirs` leaves, or any object under the prefix)."""
+    import pyarrow.fs as pafs
+
+    filesystem, path = _filesystem(normalize(location), options or {})
+    return bool(filesystem.get_file_info(path).type != pafs.FileType.NotFound)
+
+
 def file_names(location: str | Path, options: Mapping[str, str] | None = None) -> list[str]:
     """The names of every file at any depth under the folder (prefix) `location`, relative
     to it; folders themselves, and an object store's folder markers, are not files."""

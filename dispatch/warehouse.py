@@ -82,10 +82,11 @@ class Warehouse:
     def abandoned_log(self, name: str) -> str | None:
         """The log folder of table `name` when it exists but holds no commit: what a creator
         killed before its first commit leaves behind (Spark's Delta makes `_delta_log/` and
-        `_delta_log/_staged_commits/` first). Spark's Delta takes such a folder for a table
-        and fails to create it (DELTA_TABLE_NOT_FOUND); None for a table or for nothing."""
+        `_delta_log/_staged_commits/` first; the first alone, empty, is enough). Spark's
+        Delta takes such a folder for a table and fails to create it (DELTA_TABLE_NOT_FOUND).
+        None for a table, or for nothing there."""
         log = storage.join(self.table(name), "_delta_log")
-        if not storage.has_files(log, self.storage_options):
+        if not storage.exists(log, self.storage_options):
             return None
         files = storage.file_names(log, self.storage_options)
         if any(_LOG_FILE.match(Path(file).name) for file in files):

@@ -14,6 +14,7 @@ from dispatch.lease import LEASES, LeaseTable
 from dispatch.settings import ConfigError, LeaseSettings, StorageSettings, load_settings
 from dispatch.storage import (
     Location,
+    exists,
     file_names,
     is_object_store,
     is_uri,
@@ -225,9 +226,9 @@ def test_the_warehouse_opens_its_tables_with_its_options(tmp_path: Path) -> None
 
 def test_the_files_under_a_folder_are_listed_at_any_depth(tmp_path: Path) -> None:
     folder = tmp_path / "cp"
-    assert file_names(folder) == []  # nothing there
+    assert file_names(folder) == [] and not exists(folder)  # nothing there
     (folder / "offsets" / "empty").mkdir(parents=True)
-    assert file_names(folder) == []  # folders are not files
+    assert file_names(folder) == [] and exists(folder)  # folders are not files
     (folder / "offsets" / "0").write_text("v1\n")
     (folder / "metadata").write_text("{}")
     assert file_names(folder) == ["metadata", "offsets/0"]
@@ -239,7 +240,9 @@ def test_a_log_without_a_commit_is_abandoned_and_a_table_never_is(tmp_path: Path
     # What Spark's Delta leaves when killed before its first commit: the folders alone, or
     # with the temporary file its commit was being written to.
     log = tmp_path / "events" / "_delta_log"
-    (log / "_staged_commits").mkdir(parents=True)
+    log.mkdir(parents=True)
+    assert warehouse.abandoned_log("events") == str(log)
+    (log / "_staged_commits").mkdir()
     assert warehouse.abandoned_log("events") == str(log)
     (log / f".{0:020}.json.3f1c.tmp").write_text('{"commitInfo":{}}\n')
     assert warehouse.abandoned_log("events") == str(log)

@@ -81,7 +81,8 @@ from bench.chaos_audit import (
 from bench.signals import unwinds_on_sigterm
 from dispatch.event_records import decode_batch
 from dispatch.settings import Settings, to_environment
-from dispatch.stack.local import DISPATCH, LocalStack, StackPlan
+from dispatch.stack.local import DISPATCH, LocalStack
+from dispatch.stack.plan import StackPlan
 from dispatch.stack.process import ManagedProcess, is_running
 from dispatch.warehouse import Warehouse
 

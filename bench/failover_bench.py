@@ -59,7 +59,8 @@ import httpx
 
 from bench.signals import unwinds_on_sigterm
 from dispatch.settings import Settings, load_settings
-from dispatch.stack.local import ApiNode, LocalStack, StackPlan
+from dispatch.stack.local import ApiNode, LocalStack
+from dispatch.stack.plan import StackPlan
 from dispatch.stack.ports import free_port, free_port_run
 from dispatch.warehouse import Warehouse
 

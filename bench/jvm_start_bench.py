@@ -39,6 +39,8 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "both": {"class_sharing": True, "quick_start": True, "quick_start_driver": True},
 }
 TARGETS = ("broker", "spark")
+MEASUREMENT_TIMEOUT_S = 600.0
+"""One measurement takes under a minute even on a loaded machine."""
 
 
 def _scratch_settings(scratch: Path) -> Settings:
@@ -93,7 +95,11 @@ def run_one(target: str, variant: str) -> dict[str, float]:
         },
     }
     command = [sys.executable, "-m", "bench.jvm_start_bench", "--one", target]
-    done = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
+    # A JVM that never answers must not hold the benchmark: run() kills it at the timeout.
+    done = subprocess.run(
+        command, env=environment, capture_output=True, text=True, check=False,
+        timeout=MEASUREMENT_TIMEOUT_S,
+    )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"{target} / {variant} failed:\n{done.stdout}\n{done.stderr}")
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])

@@ -38,7 +38,8 @@ import httpx
 
 from bench.failover_bench import stack_settings
 from bench.signals import unwinds_on_sigterm
-from dispatch.stack.local import LocalStack, StackPlan
+from dispatch.stack.local import LocalStack
+from dispatch.stack.plan import StackPlan
 
 EXEC = "bench.restart"
 SUBJECTS = ["job.assign.>"]

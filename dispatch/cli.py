@@ -79,7 +79,8 @@ def up(
     and a standby API node, demo workers; with `--profile cluster` the cluster's parts too);
     Ctrl-C stops it."""
     from dispatch.stack.jars import JarError
-    from dispatch.stack.local import LocalStack, StackPlan, StopSignals
+    from dispatch.stack.local import LocalStack, StopSignals
+    from dispatch.stack.plan import StackPlan
 
     settings, chosen = _settings_and_profile(profile)
     plan = StackPlan(streaming=streaming, workers=workers, profile=chosen)

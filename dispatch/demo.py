@@ -27,7 +27,8 @@ from rich.table import Table
 from dispatch.client import Client
 from dispatch.delta_sql import query
 from dispatch.settings import Settings, load_settings
-from dispatch.stack.local import LocalStack, StackPlan
+from dispatch.stack.local import LocalStack
+from dispatch.stack.plan import StackPlan
 from dispatch.stack.ports import free_port
 from dispatch.warehouse import Warehouse
 

@@ -480,9 +480,10 @@ class JvmSettings(_Section):
     there are any: a third less start-up. False: never use them."""
     quick_start: bool = False
     """The client compiler only (`-XX:TieredStopAtLevel=1`) for the brokers, the object store,
-    and a standalone cluster's daemons and executors (never the Spark driver): they reach their
-    first answer sooner and compile less, but run hot loops slower. For short runs (the test
-    suite, a demo); a long-running stack should leave it off."""
+    and a standalone cluster's daemons and executors (the Spark driver only with
+    `quick_start_driver`): they reach their first answer sooner and compile less, but run hot
+    loops slower. For short runs (the test suite, a demo); a long-running stack should leave
+    it off."""
     quick_start_driver: bool = False
     """With `quick_start`, the client compiler for the Spark driver too (`dispatch streaming`,
     a notebook's own session). Only for drivers that live a minute or two: their start and

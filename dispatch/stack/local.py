@@ -36,18 +36,6 @@ from dispatch.stack.spark_cluster import SparkCluster
 DISPATCH = str(Path(sys.executable).parent / "dispatch")
 NODE_READY_TIMEOUT_S = 90.0
 
-# StackPlan lives in dispatch.stack.plan (the CLI reads the plan without this module's
-# imports); the demo and the benches import it from here with the stack.
-__all__ = [
-    "DISPATCH",
-    "NODE_READY_TIMEOUT_S",
-    "ApiNode",
-    "ComponentStatus",
-    "LocalStack",
-    "StackPlan",
-    "StopSignals",
-]
-
 
 @dataclass(frozen=True)
 class ComponentStatus:

@@ -27,7 +27,8 @@ from bench.chaos import read_topic
 from dispatch.core.commands import SubmitRequest
 from dispatch.settings import Settings, load_settings, with_namespace
 from dispatch.stack.broker import Broker, KafkaCluster, create_topics
-from dispatch.stack.local import LocalStack, StackPlan
+from dispatch.stack.local import LocalStack
+from dispatch.stack.plan import StackPlan
 from dispatch.stack.ports import free_port, free_port_run
 
 pytestmark = pytest.mark.integration

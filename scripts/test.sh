@@ -9,4 +9,8 @@ bash scripts/bootstrap.sh --with-browser
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 # pytest exits 5 when it collected no test: that is a failure here, as is anything non-zero.
-.venv/bin/python -m pytest "$@"
+# Two workers (pytest-xdist), one per core: a third of a one-process run is waiting (on a
+# broker, a lease, a JVM), which the other worker fills. tests/scheduling.py groups the tests
+# (one Spark driver for all its users, a module's fixtures on one worker), heaviest first.
+# `-n 0` after the command runs them all in this process.
+.venv/bin/python -m pytest -n 2 --dist loadscope "$@"

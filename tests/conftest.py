@@ -23,6 +23,9 @@ from tests.s3_server import s3_server
 
 __all__ = ["s3_server"]  # the session's S3-compatible server, a fixture (tests/s3_server.py)
 
+# How the tests are shared between pytest-xdist's workers (scripts/test.sh runs two).
+pytest_plugins = ["tests.scheduling"]
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 

@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import re
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,6 +215,8 @@ class MixedRun:
     first_snapshot: Snapshot
     committed_records: int
     """Records of the events topic that read_committed delivers."""
+    last_batch_window: tuple[float, float]
+    """Wall-clock times (s) before and after the run whose batch committed last."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -242,7 +245,9 @@ def mixed_run(
     assert snapshot is not None
     produce(settings, workload.log[half:], aborted=workload.aborted, transactional=True)
     lag_between = streaming_lag(settings)
+    second_started = time.time()
     second = run_stream(settings, spark)
+    second_ended = time.time()
     yield MixedRun(
         settings=settings,
         workload=workload,
@@ -252,6 +257,7 @@ def mixed_run(
         lag_after=streaming_lag(settings),
         first_snapshot=snapshot,
         committed_records=len(workload.log),
+        last_batch_window=(second_started, second_ended),
     )
 
 

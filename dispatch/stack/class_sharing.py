@@ -29,6 +29,11 @@ from dispatch.settings import Settings
 
 ARCHIVE_SUFFIX = ".jsa"
 QUICK_START_OPTION = "-XX:TieredStopAtLevel=1"
+KEPT_PER_ROLE = 3
+"""Archives kept per role, the newest made: checkouts on one machine (a developer's, a CI
+clone) share the cache but not the Spark driver's jars (each has its own venv); keeping one
+made each bootstrap delete the other checkout's archive and train again (about a minute)."""
+
 BROKER = "kafka-broker"
 SPARK_DRIVER = "spark-driver"
 ROLES = (BROKER, SPARK_DRIVER)
@@ -109,9 +114,14 @@ def dumping(final: Path) -> Iterator[Path]:
             raise ClassSharingError(f"the JVM exited without writing {partial}")
         partial.replace(final)
         role = final.stem.rsplit("-", 1)[0]
-        for stale in final.parent.glob(f"{role}-*{ARCHIVE_SUFFIX}"):
-            # Archives of jars that are gone (each is 50-200 MB).
-            if stale != final and stale.stem.rsplit("-", 1)[0] == role:
-                stale.unlink(missing_ok=True)
+        others = [
+            path
+            for path in final.parent.glob(f"{role}-*{ARCHIVE_SUFFIX}")
+            if path != final and path.stem.rsplit("-", 1)[0] == role
+        ]
+        others.sort(key=lambda path: path.stat().st_mtime_ns, reverse=True)
+        for stale in others[KEPT_PER_ROLE - 1 :]:
+            # Archives of jars gone, or of checkouts not bootstrapped lately (50-200 MB each).
+            stale.unlink(missing_ok=True)
     finally:
         partial.unlink(missing_ok=True)

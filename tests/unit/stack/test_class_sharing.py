@@ -6,6 +6,7 @@ test_class_sharing.py checks that the session's JVMs really map theirs."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from dispatch.settings import JvmSettings, Settings, load_settings
 from dispatch.stack import class_sharing
 from dispatch.stack.broker import Broker
 from dispatch.stack.class_sharing import (
+    KEPT_PER_ROLE,
     QUICK_START_OPTION,
     ClassSharingError,
     archive_path,
@@ -87,20 +89,29 @@ def test_a_short_lived_driver_may_take_the_client_compiler_with_quick_start(
     assert java_options(driver_only, class_sharing.SPARK_DRIVER, jars) == []
 
 
-def test_an_archive_is_published_whole_and_replaces_the_older_ones(tmp_path: Path) -> None:
+def test_an_archive_is_published_whole_and_the_oldest_of_its_role_go(tmp_path: Path) -> None:
     folder = tmp_path / "cds"
     folder.mkdir()
-    older = folder / "kafka-broker-0000000000000000.jsa"
-    older.write_bytes(b"old")
+    # Three older archives of the role (other jars: another checkout, an older pyspark),
+    # made an hour, two and three ago.
+    older = [folder / f"kafka-broker-{n}{n}{n}{n}000000000000.jsa" for n in range(3)]
+    for hours, path in enumerate(older, start=1):
+        path.write_bytes(b"old")
+        made = time.time() - 3600 * hours
+        os.utime(path, (made, made))
     other_role = folder / "spark-driver-0000000000000000.jsa"
     other_role.write_bytes(b"other")
+    os.utime(other_role, (0, 0))
     final = folder / "kafka-broker-1111111111111111.jsa"
     with dumping(final) as partial:
         assert partial.parent == folder and partial != final
         partial.write_bytes(b"new")
         assert not final.exists()
     assert final.read_bytes() == b"new"
-    assert not older.exists() and other_role.exists()
+    assert [path.exists() for path in older] == [True] * (KEPT_PER_ROLE - 1) + [False] * (
+        len(older) - KEPT_PER_ROLE + 1
+    )
+    assert other_role.exists()
     assert not partial.exists()
 
 

@@ -32,7 +32,7 @@ QUICK_START_OPTION = "-XX:TieredStopAtLevel=1"
 KEPT_PER_ROLE = 3
 """Archives kept per role, the newest made: checkouts on one machine (a developer's, a CI
 clone) share the cache but not the Spark driver's jars (each has its own venv); keeping one
-made each bootstrap delete the other checkout's archive and train again (about a minute)."""
+made each bootstrap delete the other checkout's archive and train again (a minute or two)."""
 
 BROKER = "kafka-broker"
 SPARK_DRIVER = "spark-driver"

@@ -16,8 +16,8 @@ pytest-xdist's own `--dist loadgroup` would do the grouping from `xdist_group` m
 pytest 9 its rename of the test ids no longer takes (it sets a private attribute pytest 9 no
 longer reads), so the scheduler here groups by a table instead. The workers know which
 modules use Spark (they collect); the controller, which schedules, does not collect: each
-worker writes the table to the file named by `GROUPS_FILE_VARIABLE`, which the controller
-reads once every worker has collected, before it hands out the first test.
+worker writes the table to a file the controller names in its `workerinput`, and the
+controller reads it once every worker has collected, before it hands out the first test.
 """
 
 from __future__ import annotations
@@ -26,13 +26,16 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 SPARK_GROUP = "spark-session"
-GROUPS_FILE_VARIABLE = "DISPATCH_TESTS_GROUPS_FILE"
-"""Environment variable the controller sets for its workers (they inherit its environment)."""
+WORKER_INPUT_KEY = "dispatch_groups_file"
+"""Where a worker finds the table's path: the controller's `workerinput` for it."""
+GROUPS_FILE = pytest.StashKey[Path]()
+"""The controller's path of the table, when it schedules with `GroupScheduling`."""
 
 
 def module_of(nodeid: str) -> str:
@@ -70,13 +73,14 @@ class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist has n
     def __init__(self, config: pytest.Config, log: object = None) -> None:
         super().__init__(config, log)
         config.option.loadscopereorder = False
+        self._groups_file = config.stash[GROUPS_FILE]
         self._groups: dict[str, str] | None = None
 
     def _split_scope(self, nodeid: str) -> str:
         if self._groups is None:
             # Called first in `schedule`, once every worker reported its collection: every
             # worker wrote the file before it reported.
-            self._groups = json.loads(Path(os.environ[GROUPS_FILE_VARIABLE]).read_text())
+            self._groups = json.loads(self._groups_file.read_text())
         return self._groups.get(nodeid, module_of(nodeid))
 
 
@@ -84,29 +88,41 @@ def is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def schedules_by_group(config: pytest.Config) -> bool:
+    """The controller of a distributed run that `GroupScheduling` schedules."""
+    return not is_worker(config) and config.getvalue("dist") == "loadscope"
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if not is_worker(config) and config.getoption("dist", "no") != "no":
-        folder = tempfile.mkdtemp(prefix="dispatch-test-groups-")
-        os.environ[GROUPS_FILE_VARIABLE] = str(Path(folder) / "groups.json")
+    if schedules_by_group(config):
+        folder = Path(tempfile.mkdtemp(prefix="dispatch-test-groups-"))
+        config.stash[GROUPS_FILE] = folder / "groups.json"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if not is_worker(config) and GROUPS_FILE_VARIABLE in os.environ:
-        groups_file = Path(os.environ.pop(GROUPS_FILE_VARIABLE))
+    groups_file = config.stash.get(GROUPS_FILE, None)
+    if groups_file is not None:
         groups_file.unlink(missing_ok=True)
         groups_file.parent.rmdir()
 
 
+def pytest_configure_node(node: Any) -> None:  # an xdist WorkerController (untyped)
+    groups_file = node.config.stash.get(GROUPS_FILE, None)
+    if groups_file is not None:
+        node.workerinput[WORKER_INPUT_KEY] = str(groups_file)
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> GroupScheduling | None:
-    return GroupScheduling(config, log) if config.getvalue("dist") == "loadscope" else None
+    return GroupScheduling(config, log) if schedules_by_group(config) else None
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     groups = groups_of(items)
     heaviest_first(items, groups)
-    if is_worker(config) and GROUPS_FILE_VARIABLE in os.environ:
-        groups_file = Path(os.environ[GROUPS_FILE_VARIABLE])
+    path = config.workerinput.get(WORKER_INPUT_KEY) if is_worker(config) else None  # type: ignore[attr-defined]
+    if path is not None:
+        groups_file = Path(path)
         # Every worker writes the same table; a rename makes each write whole.
         partial = groups_file.with_name(f".{os.getpid()}.json")
         partial.write_text(json.dumps(groups))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import cast
 
 import pytest
 
 from tests.scheduling import (
-    GROUPS_FILE_VARIABLE,
+    GROUPS_FILE,
     SPARK_GROUP,
     GroupScheduling,
     groups_of,
@@ -62,18 +63,26 @@ def test_the_spark_unit_goes_first_then_integration_then_unit_modules() -> None:
     ]
 
 
-def test_the_scheduler_reads_the_units_the_workers_wrote(
-    pytestconfig: pytest.Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class ControllerConfig:
+    """What xdist's scope scheduling reads of the controller's config: two workers."""
+
+    def __init__(self) -> None:
+        self.option = SimpleNamespace(tx=["popen"] * 2, loadscopereorder=True)
+        self.stash = pytest.Stash()
+
+    def getvalue(self, name: str) -> object:
+        return getattr(self.option, name)
+
+
+def test_the_scheduler_reads_the_units_the_workers_wrote(tmp_path: Path) -> None:
     groups_file = tmp_path / "groups.json"
     groups_file.write_text(json.dumps(groups_of(items(API, FOLD, NOTEBOOK))))
-    monkeypatch.setenv(GROUPS_FILE_VARIABLE, str(groups_file))
-    monkeypatch.setattr(pytestconfig.option, "tx", ["popen"] * 2, raising=False)
-    monkeypatch.setattr(pytestconfig.option, "loadscopereorder", True, raising=False)
-    scheduling = GroupScheduling(pytestconfig)
+    config = ControllerConfig()
+    config.stash[GROUPS_FILE] = groups_file
+    scheduling = GroupScheduling(cast("pytest.Config", config))
     assert scheduling._split_scope(FOLD.nodeid) == SPARK_GROUP
     assert scheduling._split_scope(NOTEBOOK.nodeid) == SPARK_GROUP
     assert scheduling._split_scope(API.nodeid) == "tests/integration/api/test_jobs.py"
     # A test the table does not know (none should be) is scheduled with its module.
     assert scheduling._split_scope(UNIT.nodeid) == "tests/unit/test_wire.py"
-    assert pytestconfig.option.loadscopereorder is False
+    assert config.option.loadscopereorder is False

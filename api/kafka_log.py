@@ -34,6 +34,7 @@ from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from kafka.net.compat import KafkaNetClient
 from kafka.structs import OffsetAndMetadata
 
+from api.prefetch import Prefetcher
 from dispatch.event_records import EventBatch, decode_batch
 from dispatch.settings import KafkaSettings
 
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 
 KAFKA_CALL_DEADLINE_S = 5.0
 """The longest any Kafka call of the leader's loop may block (a commit, a poll, a probe)."""
+
+FETCH_WAIT_MS = 100
+"""The longest one poll of the submit reader's fetch thread waits for records (it returns as
+soon as some arrive): also the longest a term's end waits for that thread."""
 
 BROKER_PROBE_TIMEOUT_MS = 500
 """A probe of an idle loop (`SubmitReader.broker_answers`): a healthy broker answers in ~1 ms
@@ -189,9 +194,18 @@ class SubmitReader:
             self._consumer.seek(partition, start)
             self.position[partition.partition] = start
         self._moved = False
+        # From here on only the fetch thread touches the consumer (kafka-python's consumer is
+        # not thread-safe): the loop waits on the prefetcher, which its commands can wake.
+        self._fetcher: Prefetcher[dict[TopicPartition, list[Any]]] = Prefetcher(
+            self._fetch, name=f"{client_id}-fetch"
+        )
+        self._fetcher.start()
+
+    def _fetch(self) -> dict[TopicPartition, list[Any]] | None:
+        return self._consumer.poll(timeout_ms=FETCH_WAIT_MS) or None
 
     def poll(self, timeout_ms: int) -> list[SubmitRecord]:
-        polled = self._consumer.poll(timeout_ms=timeout_ms)
+        polled = self._fetcher.take(timeout_ms / 1000) or {}
         records: list[SubmitRecord] = []
         for partition, batch in polled.items():
             for record in batch:
@@ -217,7 +231,14 @@ class SubmitReader:
         moved, self._moved = self._moved, False
         return moved
 
+    def wake(self) -> None:
+        self._fetcher.wake()
+
     def close(self) -> None:
+        if not self._fetcher.close(KAFKA_CALL_DEADLINE_S):
+            log.warning(
+                "the submit reader's fetch did not return within %ss", KAFKA_CALL_DEADLINE_S
+            )
         self._consumer.close()
         self._probe.close()
 

@@ -30,6 +30,7 @@ import contextlib
 import gc
 import importlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -51,8 +52,10 @@ from dispatch.submit_records import Rejection, SubmissionError, parse_submit_rec
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_MS = 5
-"""How long an idle loop waits for submissions; also the worst extra latency of a command."""
+IDLE_WAIT_MS = 100
+"""The longest an idle loop waits for a submission, a command or its next timer (a deadline,
+a delayed job, a worker expiry: `Dispatcher.next_timer_at`), whichever comes first. Only the
+loop's once-a-second chores (the broker probe, the group offsets) wait for it to end."""
 
 WORKER_RECONNECT_S = 10.0
 """How long a worker may take to find a new leader and resend what it holds: the SDK's longest
@@ -387,6 +390,7 @@ class Leader:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping.set()
+        self._wake_loop()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
@@ -438,11 +442,18 @@ class Leader:
             _settle(command.future, error=LeaderUnavailable("this leader has stopped"))
         else:
             self._mailbox.put(command)
+            self._wake_loop()
             if self.error is not None or self._stopping.is_set():
                 # The loop ended between the check and the put: its last drain may have
                 # missed this command, which nothing would then answer.
                 self._fail_waiting(self.error)
         return command.future
+
+    def _wake_loop(self) -> None:
+        """End the loop's idle wait: a command is in the mailbox, or the term stops."""
+        reader = self._reader
+        if reader is not None:
+            reader.wake()
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -484,7 +495,7 @@ class Leader:
 
     def _iterate_with(self, commands: list[Command]) -> None:
         assert self._reader is not None
-        records = self._reader.poll(timeout_ms=0 if commands else IDLE_POLL_MS)
+        records = self._reader.poll(timeout_ms=0 if commands else self._idle_wait_ms())
         if records:
             self.broker_answered = time.monotonic()  # a fetch's answer
         now = time.time()
@@ -526,6 +537,14 @@ class Leader:
                 _settle(command.future, value)
         if events:
             self.listener.committed(core, events)
+
+    def _idle_wait_ms(self) -> int:
+        """How long the loop may wait with nothing to do: until the core's next timer, at
+        most `IDLE_WAIT_MS`."""
+        timer_at = self.core.next_timer_at()
+        if timer_at is None:
+            return IDLE_WAIT_MS
+        return max(0, min(IDLE_WAIT_MS, math.ceil((timer_at - time.time()) * 1000)))
 
     def _consume(self, records: list[Any], now: float, rejections: list[bytes]) -> list[Event]:
         """Submit the consumed `dispatch.submit` records to the core; each one that does not

@@ -54,7 +54,15 @@ class SubmitSource(Protocol):
     position: dict[int, int]
     """Partition -> the offset of the next submission to read: what a commit records."""
 
-    def poll(self, timeout_ms: int) -> list[SubmitRecord]: ...
+    def poll(self, timeout_ms: int) -> list[SubmitRecord]:
+        """What arrived since the last poll, waiting up to `timeout_ms` for something (less
+        after `wake`)."""
+        ...
+
+    def wake(self) -> None:
+        """Make a `poll` under way, or the next one, return at once: a command waits for the
+        loop (called from any thread)."""
+        ...
 
     def broker_answers(self) -> bool:
         """Whether the log answers a small question now (an idle loop's liveness probe)."""

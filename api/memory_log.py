@@ -181,6 +181,7 @@ class MemorySubmitSource:
         self.topic = memory.settings.kafka.submit_topic
         self.position = start
         self._moved = False
+        self._woken = False
 
     def poll(self, timeout_ms: int) -> list[SubmitRecord]:
         memory = self.memory
@@ -189,9 +190,10 @@ class MemorySubmitSource:
             while True:
                 records = [] if memory.down else self._unread()
                 remaining = deadline - time.monotonic()
-                if records or remaining <= 0:
+                if records or remaining <= 0 or self._woken:
                     break
                 memory._changed.wait(remaining)
+            self._woken = False
         for record in records:
             self.position[record.partition] = record.offset + 1
         self._moved = self._moved or bool(records)
@@ -203,6 +205,11 @@ class MemorySubmitSource:
             for partition, held in enumerate(self.memory.submit)
             for record in held[self.position.get(partition, 0) :]
         ]
+
+    def wake(self) -> None:
+        with self.memory._changed:
+            self._woken = True
+            self.memory._changed.notify_all()
 
     def broker_answers(self) -> bool:
         return not self.memory.down

@@ -5,6 +5,8 @@ what runs on the broker."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -96,6 +98,27 @@ def test_submissions_sent_are_read_once_from_the_position(io: NodeIO) -> None:
         assert again.poll(300) == []
     finally:
         again.close()
+
+
+def test_a_wake_ends_a_polls_wait_at_once_and_a_submission_ends_it_too(io: NodeIO) -> None:
+    """What lets an idle leader sleep: its commands end the wait (`wake`), and so does a
+    submission, each long before the wait would have ended by itself."""
+    source = io.open_submit_source(GROUP, "contract-wake", None)
+    sink = io.open_submit_sink("contract-wake-sink")
+    try:
+        threading.Timer(0.2, source.wake).start()
+        started = time.monotonic()
+        assert source.poll(10_000) == []
+        assert time.monotonic() - started < 5.0
+        job = SubmitRequest(id="woken", exec="contract.x", payload={})
+        threading.Timer(0.2, lambda: asyncio.run(sink.send([job]))).start()
+        started = time.monotonic()
+        read = source.poll(10_000)
+        assert time.monotonic() - started < 5.0
+        assert [r.key for r in read] == [b"woken"]
+    finally:
+        sink.close(5.0)
+        source.close()
 
 
 def test_a_decoded_commit_is_what_the_leader_encoded(io: NodeIO) -> None:

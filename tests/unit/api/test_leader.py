@@ -16,6 +16,7 @@ from api.kafka_log import SnapshotBehindLog
 from api.leader import (
     ACCEPT_LOG_GAP,
     BROKER_PROBE_EVERY_S,
+    IDLE_WAIT_MS,
     Command,
     Leader,
     LeaderUnavailable,
@@ -287,9 +288,15 @@ class Reader:
         self.position: dict[int, int] = {0: 0}
         self.answers = True
         self.probes = 0
+        self.waits: list[int] = []
+        self.wakes = 0
 
     def poll(self, timeout_ms: int) -> list[Any]:
+        self.waits.append(timeout_ms)
         return []
+
+    def wake(self) -> None:
+        self.wakes += 1
 
     def take_moved(self) -> bool:
         return False
@@ -444,3 +451,38 @@ def test_stopping_a_leader_whose_loop_is_stuck_answers_every_waiting_request() -
     finally:
         release.set()
         leader._thread.join(5)
+
+
+# --- the loop's idle wait -------------------------------------------------------------------------
+
+
+def test_an_idle_loop_waits_until_its_next_timer_at_most_the_idle_wait() -> None:
+    leader, reader = serving_leader()
+    leader._iterate()
+    assert reader.waits[-1] == IDLE_WAIT_MS, "nothing due: the whole idle wait"
+    # A job delayed by 30 ms is due sooner than the idle wait ends: the loop wakes for it.
+    soon = SubmitRequest(id="j-soon", exec="img.resize", payload={}, delay_s=0.03)
+    leader.core.submit(soon, time.time())
+    leader._iterate()
+    assert 0 < reader.waits[-1] <= 31
+    # Once it is overdue, no wait at all: the iteration's tick releases it.
+    time.sleep(0.04)
+    leader._iterate()
+    assert reader.waits[-1] == 0
+    released = leader.core.job("j-soon")
+    assert released is not None and released.not_before is not None
+    assert released.not_before <= time.time()
+    leader._iterate()
+    assert reader.waits[-1] == IDLE_WAIT_MS
+
+
+def test_a_command_wakes_the_idle_loop_and_is_taken_without_waiting() -> None:
+    leader, reader = serving_leader()
+    command = joining("w1")
+    leader.submit(command)
+    assert reader.wakes == 1, "the loop's wait must end when a command arrives"
+    leader._iterate()
+    assert reader.waits[-1] == 0, "a loop with commands does not wait for submissions"
+    assert command.future.result(timeout=0) == 1
+    leader.stop()
+    assert reader.wakes == 2, "stopping ends the wait too"

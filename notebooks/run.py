@@ -9,13 +9,24 @@ does), so the notebook's own defaults stay visible above. A VALUE is read as JSO
 parses (`false`, `3`, `null`, `[1, 2]`, `'"007"'`) and as a plain string otherwise. A NAME the
 parameters cell does not assign is refused (a typo must not be silently ignored).
 
+Several notebooks run one after the other in one kernel, as a Databricks job's notebooks
+share its cluster: the later ones find the Spark JVM started and warm, and start in seconds.
+
+    .venv/bin/python notebooks/run.py notebooks/queue_health.ipynb \
+        notebooks/throughput.ipynb -o /tmp/executed -p warehouse /data/delta
+
+Each gets the `-p` values its parameters cell assigns; before each one after the first, the
+kernel's variables are cleared and a Spark session the previous one left running is stopped
+(and reported). A failing notebook does not stop the ones after it.
+
 The kernel is the interpreter running this script (the project's `.venv`), started from a
 kernel spec made here, so no kernel spec has to be installed for the user. The kernel is
 always shut down at the end, even when a cell fails; any process it left behind (a Spark JVM
-whose notebook did not reach `spark.stop()`) is waited for, then killed by its pid.
-The executed copy is written to `-o` (default `var/notebooks/NAME.ipynb`), also when a cell
-failed, to show where; its metadata `dispatch_run` records the parameters, the time taken,
-the error and any process that had to be killed. Exit code 1 when a cell failed.
+whose kernel did not exit) is waited for, then killed by its pid.
+The executed copy is written to `-o` (default `var/notebooks/NAME.ipynb`; with several
+notebooks, `-o` is their folder), also when a cell failed, to show where; its metadata
+`dispatch_run` records the parameters, the time taken, the error, whether it left a Spark
+session running, and any process that had to be killed. Exit code 1 when a cell failed.
 
 No papermill: it is not a dependency, and this is the one feature of it the notebooks need.
 """
@@ -24,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
 import copy
 import json
 import os
@@ -199,24 +211,45 @@ class _Client(NotebookClient):
     def _note(self, **_hook_arguments: Any) -> None:
         self.processes.note(self.km)
 
-    def create_kernel_manager(self) -> KernelManager:
-        # Owned by nbclient (created here, not passed in), so nbclient shuts it down when the
-        # run ends, also after a failing cell.
-        self.km = AsyncKernelManager(
-            kernel_name=KERNEL_NAME, kernel_spec_manager=_ThisPythonSpecs()
-        )
-        return self.km
-
 
 @dataclass
 class Executed:
     notebook: NotebookNode
     """The executed notebook; `metadata["dispatch_run"]` says how it ran (parameters, seconds,
-    kernel, killed, error)."""
+    kernel, killed, error, left_spark_session)."""
     seconds: float
     killed: list[int]
     """Kernel descendants still alive after the kernel's shutdown, killed by pid (a clean
     notebook leaves none: its last cell stops Spark and the JVM exits with the kernel)."""
+    error: str | None = None
+    """The failing cell's error (`execute_all` goes on with the next notebook)."""
+
+
+@dataclass(frozen=True)
+class NotebookRun:
+    """One notebook of `execute_all`: where it is, its parameters, where its copy goes."""
+
+    path: Path
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    output: Path | None = None
+
+
+LEFT_SESSION_MARK = "dispatch-run: stopped a Spark session the previous notebook left running"
+
+_BETWEEN_NOTEBOOKS = f"""\
+import sys as _sys
+
+_sql = _sys.modules.get("pyspark.sql")
+_left = _sql.SparkSession.getActiveSession() if _sql is not None else None
+if _left is not None:
+    _left.stop()
+    print({LEFT_SESSION_MARK!r})
+get_ipython().run_line_magic("reset", "-f")
+"""
+"""Run by `execute_all` before each notebook after the first, in a cell that is removed from
+the executed copy: the kernel as the notebook would find a fresh one (no variable of the
+notebook before, no Spark session: one that was left running is stopped and reported), but
+with its modules imported and its Spark JVM warm."""
 
 
 def execute(
@@ -232,35 +265,112 @@ def execute(
     """Execute the notebook at `path` (cwd: its folder) with `parameters` injected, and write
     it to `output` (also when a cell failed); raises `nbclient.exceptions.CellExecutionError`
     if a cell fails. `env` replaces the kernel's environment (default: this process's)."""
-    notebook = inject_parameters(read_notebook(path), parameters or {})
-    processes = _Processes()
-    client = _Client(
-        notebook,
-        processes,
-        timeout=int(timeout_s),
-        startup_timeout=int(startup_timeout_s),
-        kernel_name=KERNEL_NAME,
-        shutdown_kernel="graceful",
-        resources={"metadata": {"path": str(path.parent)}},
+    [executed] = execute_all(
+        [NotebookRun(path, parameters or {}, output)],
+        env=env,
+        timeout_s=timeout_s,
+        startup_timeout_s=startup_timeout_s,
+        reap_grace_s=reap_grace_s,
+        raise_on_error=True,
     )
-    started = time.monotonic()
-    record: dict[str, Any] = {"parameters": dict(parameters or {}), "kernel": sys.executable}
+    return executed
+
+
+def execute_all(
+    runs: Sequence[NotebookRun],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 600.0,
+    startup_timeout_s: float = 120.0,
+    reap_grace_s: float = 30.0,
+    raise_on_error: bool = False,
+) -> list[Executed]:
+    """Execute several notebooks one after the other in **one** kernel, as the notebooks of a
+    Databricks job share its cluster: the second and later find the modules imported and the
+    Spark JVM started (a new session on it takes a second or two; a new JVM tens of seconds).
+    Before each notebook after the first, the kernel's variables are cleared and a Spark
+    session left running is stopped (`_BETWEEN_NOTEBOOKS`, recorded as `left_spark_session`
+    on the notebook that left it). A notebook that fails does not stop the ones after it
+    (`Executed.error`), unless `raise_on_error` (the first `CellExecutionError` is raised
+    once every notebook ran and the kernel is shut down). Every copy is written to its
+    `output` (also when a cell failed); `killed` (the kernel's processes left after its
+    shutdown) goes on the last notebook."""
+    notebooks = [inject_parameters(read_notebook(run.path), run.parameters) for run in runs]
+    return asyncio.run(
+        _execute_all(
+            runs, notebooks, dict(env if env is not None else os.environ),
+            timeout_s, startup_timeout_s, reap_grace_s, raise_on_error,
+        )
+    )  # fmt: skip
+
+
+async def _execute_all(
+    runs: Sequence[NotebookRun],
+    notebooks: Sequence[NotebookNode],
+    env: dict[str, str],
+    timeout_s: float,
+    startup_timeout_s: float,
+    reap_grace_s: float,
+    raise_on_error: bool,
+) -> list[Executed]:
+    processes = _Processes()
+    km = AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_ThisPythonSpecs())
+    done: list[tuple[NotebookRun, NotebookNode, dict[str, Any]]] = []
+    first_error: CellExecutionError | None = None
     try:
-        client.execute(env=dict(env if env is not None else os.environ))
-    except CellExecutionError as error:
-        record["error"] = f"{error.ename}: {error.evalue}"
-        raise
-    except BaseException as error:
-        record["error"] = f"{type(error).__name__}: {error}"
-        raise
+        for index, (run, notebook) in enumerate(zip(runs, notebooks, strict=True)):
+            if index > 0:
+                between = nbformat.v4.new_code_cell(_BETWEEN_NOTEBOOKS)  # type: ignore[no-untyped-call]
+                notebook.cells.insert(0, between)
+            client = _Client(
+                notebook,
+                processes,
+                km=km,
+                timeout=int(timeout_s),
+                startup_timeout=int(startup_timeout_s),
+                kernel_name=KERNEL_NAME,
+                resources={"metadata": {"path": str(run.path.parent)}},
+            )
+            record: dict[str, Any] = {
+                "parameters": dict(run.parameters), "kernel": sys.executable, "killed": [],
+                "left_spark_session": False,
+            }  # fmt: skip
+            started = time.monotonic()
+            try:
+                await client.async_execute(env=env)
+            except CellExecutionError as error:
+                record["error"] = f"{error.ename}: {error.evalue}"
+                first_error = first_error or error
+            except BaseException as error:  # a timeout, an interrupt: recorded, then raised
+                record["error"] = f"{type(error).__name__}: {error}"
+                raise
+            finally:
+                record["seconds"] = round(time.monotonic() - started, 1)
+                if client.kc is not None:
+                    client.kc.stop_channels()
+                if index > 0:
+                    between_cell = client.nb.cells.pop(0)
+                    left = LEFT_SESSION_MARK in json.dumps(between_cell.get("outputs", []))
+                    if done and left:
+                        done[-1][2]["left_spark_session"] = True
+                done.append((run, client.nb, record))
     finally:
+        if km.has_kernel:
+            await km.shutdown_kernel()
         killed = processes.reap(reap_grace_s)
-        record.update(seconds=round(time.monotonic() - started, 1), killed=killed)
-        client.nb.metadata["dispatch_run"] = record
-        if output is not None:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            write_notebook(client.nb, output)
-    return Executed(client.nb, record["seconds"], killed)
+        if done:
+            done[-1][2]["killed"] = killed
+        for run, notebook, record in done:
+            notebook.metadata["dispatch_run"] = record
+            if run.output is not None:
+                run.output.parent.mkdir(parents=True, exist_ok=True)
+                write_notebook(notebook, run.output)
+    if raise_on_error and first_error is not None:
+        raise first_error
+    return [
+        Executed(notebook, record["seconds"], record["killed"], record.get("error"))
+        for _, notebook, record in done
+    ]
 
 
 def _value(text: str) -> Any:
@@ -273,9 +383,13 @@ def _value(text: str) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; exit code 1 when a cell failed (its error on stderr)."""
     parser = argparse.ArgumentParser(prog="notebooks/run.py", description=__doc__.split("\n")[0])
-    parser.add_argument("notebook", type=Path)
+    parser.add_argument("notebooks", type=Path, nargs="+", metavar="notebook")
     parser.add_argument(
-        "-o", "--output", type=Path, help="the executed copy (default: var/notebooks/NAME)"
+        "-o",
+        "--output",
+        type=Path,
+        help="the executed copy (default: var/notebooks/NAME); with several notebooks, the "
+        "folder of their copies",
     )
     parser.add_argument(
         "-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE")
@@ -283,21 +397,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per cell")
     options = parser.parse_args(argv)
     parameters = {name: _value(value) for name, value in options.parameter}
-    output: Path = options.output or load_settings().paths.var / "notebooks" / options.notebook.name
     try:
-        # A typo in a name, or a missing notebook, is refused before a kernel starts.
-        inject_parameters(read_notebook(options.notebook), parameters)
+        runs = _runs(options.notebooks, parameters, options.output)
     except (OSError, ValueError) as error:
+        # A typo in a name, or a missing notebook, is refused before a kernel starts.
         parser.error(str(error))
-    try:
-        executed = execute(options.notebook, parameters, output=output, timeout_s=options.timeout_s)
-    except CellExecutionError as error:
-        print(f"{options.notebook} failed; executed copy: {output}\n{error}", file=sys.stderr)
-        return 1
-    if executed.killed:
-        print(f"killed processes the kernel left behind: {executed.killed}", file=sys.stderr)
-    print(f"executed {options.notebook} in {executed.seconds:.0f} s -> {output}")
-    return 0
+    executed = execute_all(runs, timeout_s=options.timeout_s)
+    for run, result in zip(runs, executed, strict=False):
+        if result.error is not None:
+            print(
+                f"{run.path} failed; executed copy: {run.output}\n{result.error}", file=sys.stderr
+            )
+        else:
+            print(f"executed {run.path} in {result.seconds:.0f} s -> {run.output}")
+        if result.killed:
+            print(f"killed processes the kernel left behind: {result.killed}", file=sys.stderr)
+    failed = len(executed) < len(runs) or any(result.error for result in executed)
+    return 1 if failed else 0
+
+
+def _runs(
+    paths: Sequence[Path], parameters: Mapping[str, Any], output: Path | None
+) -> list[NotebookRun]:
+    """Each notebook with the parameters its `parameters` cell assigns; a name that no
+    notebook assigns is refused (a typo must not be silently ignored)."""
+    notebooks = [read_notebook(path) for path in paths]
+    names = [set(parameter_names(notebook)) for notebook in notebooks]
+    unknown = sorted(set(parameters) - set().union(*names))
+    if unknown:
+        takes = {path.name: sorted(taken) for path, taken in zip(paths, names, strict=True)}
+        raise ValueError(f"unknown parameter(s) {unknown}; the notebooks take {takes}")
+    folder = load_settings().paths.var / "notebooks"
+    if len(paths) > 1 and output is not None:
+        folder = output
+    runs = []
+    for path, taken in zip(paths, names, strict=True):
+        own = {name: value for name, value in parameters.items() if name in taken}
+        inject_parameters(read_notebook(path), own)  # values that are not literals: refused
+        single = output if len(paths) == 1 else None
+        runs.append(NotebookRun(path, own, single or folder / path.name))
+    return runs
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ show. A notebook whose cell fails makes the runner exit non-zero, which fails it
 `queue_health` also runs against the same tables in an object store (the session's S3Proxy),
 given as an `s3://` warehouse, the store's endpoint and keys in its environment only.
 
-The tests run in file order: the redrive, which changes the leader's state, comes last.
+The four notebooks on the run's local warehouse run together, in one kernel and one Spark
+JVM (`notebooks/run.py` with several notebooks), the redrive last; the object-store run
+before them, in a kernel of its own: its check compares the DLQ with the leader's, which the
+redrive changes. The tests run in file order.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -116,6 +120,18 @@ def pngs(notebook: NotebookNode, tag: str) -> int:
     )
 
 
+def notebook_environment(produced: Produced, folder: Path) -> dict[str, str]:
+    """The kernel's environment: settings from conf/ and the environment like any user's,
+    its Spark scratch folders under the test's own var, jars from the same cache.
+    The notebook's JVM lives a minute or two: it runs on the client compiler, as every driver
+    the tests spawn does (`jvm.quick_start_driver`, tests/conftest.py)."""
+    return {
+        **os.environ,
+        "DISPATCH_PATHS__VAR": str(folder / "var"),
+        "DISPATCH_PATHS__CACHE": str(produced.settings.paths.cache),
+    }
+
+
 def run_notebook(
     produced: Produced,
     folder: Path,
@@ -125,49 +141,46 @@ def run_notebook(
 ) -> NotebookNode:
     """Run a notebook as a user does, `notebooks/run.py NAME.ipynb -p ...` in a process of its
     own (which starts the kernel, which starts the notebook's Spark JVM), and return the
-    executed copy. One at a time: a notebook's time is mostly its JVM's start and first
-    queries, CPU-bound work two cores do no faster side by side.
+    executed copy.
 
     `warehouse` is the run's unless a parameter says otherwise; `environment` adds variables
     to the process's (and so the kernel's)."""
-    # The kernel loads the settings from conf/ and the environment like any user's: its
-    # Spark scratch folders go under the test's own var, jars come from the same cache.
-    # The notebook's JVM lives a minute: it runs on the client compiler, as every driver the
-    # tests spawn does (`jvm.quick_start_driver`, tests/conftest.py).
-    env = {
-        **os.environ,
-        "DISPATCH_PATHS__VAR": str(folder / "var"),
-        "DISPATCH_PATHS__CACHE": str(produced.settings.paths.cache),
-        **(environment or {}),
-    }
+    env = {**notebook_environment(produced, folder), **(environment or {})}
     return execute_notebook(folder, name, {"warehouse": produced.warehouse, **parameters}, env=env)
 
 
-def execute_notebook(
-    folder: Path,
-    name: str,
-    parameters: Mapping[str, Any],
-    env: Mapping[str, str] | None = None,
-) -> NotebookNode:
-    """`notebooks/run.py NAME.ipynb -o ... -p NAME JSON...` in a process of its own (it
-    starts the kernel); the executed copy, once every cell ran and nothing was left behind."""
-    output, log = folder / f"{name}.ipynb", folder / f"{name}.log"
-    command = [sys.executable, str(NOTEBOOKS / "run.py"), str(NOTEBOOKS / f"{name}.ipynb")]
-    command += ["-o", str(output)]
+def run_runner(
+    folder: Path, names: Sequence[str], parameters: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[int, str]:
+    """`notebooks/run.py NAME.ipynb... -o ... -p NAME JSON...` in a process of its own (it
+    starts the kernel): one notebook's copy goes to `folder/NAME.ipynb`, several notebooks'
+    too (`-o` is then their folder). Returns the exit code and the output."""
+    paths = [str(NOTEBOOKS / f"{name}.ipynb") for name in names]
+    output = folder / f"{names[0]}.ipynb" if len(names) == 1 else folder
+    command = [sys.executable, str(NOTEBOOKS / "run.py"), *paths, "-o", str(output)]
     for key, value in parameters.items():
         command += ["-p", key, json.dumps(value)]
+    log = folder / f"{'+'.join(names)}.log"
     with log.open("wb") as sink:
         runner = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        code = runner.wait(NOTEBOOK_TIMEOUT_S)
+        code = runner.wait(NOTEBOOK_TIMEOUT_S * len(names))
     finally:
         # Timed out, or the test was interrupted: the kernel exits within a second of its
         # parent (ipykernel's parent poller), and a JVM with the kernel (its stdin closes).
         if runner.poll() is None:
             runner.kill()
             runner.wait(30)
-    assert code == 0, f"{name} failed:\n{log.read_text()[-6000:]}"
+    return code, log.read_text()
+
+
+def executed_copy(folder: Path, name: str, log: str) -> NotebookNode:
+    """The executed copy of `name`, once every cell ran and nothing was left behind."""
+    output = folder / f"{name}.ipynb"
+    assert output.is_file(), f"{name} was not run:\n{log[-6000:]}"
     notebook = read_notebook(output)
+    record = notebook.metadata["dispatch_run"]
+    assert record.get("error") is None, f"{name} failed: {record['error']}\n{log[-6000:]}"
     # An error shown without failing its cell (a display formatter's) is still an error.
     shown_errors = [
         c.get("metadata", {}).get("tags")
@@ -176,10 +189,67 @@ def execute_notebook(
     ]
     assert shown_errors == [], f"{name}: cells showing an error: {shown_errors}"
     # The notebook stopped whatever it started (a Spark session it made), so nothing had to
-    # be killed with the kernel.
-    killed = notebook.metadata["dispatch_run"]["killed"]
-    assert killed == [], f"{name}: the kernel left processes behind: {killed}"
+    # be stopped for the next notebook, nor killed with the kernel.
+    assert not record["left_spark_session"], f"{name} left its Spark session running"
+    assert record["killed"] == [], f"{name}: the kernel left processes behind: {record['killed']}"
     return notebook
+
+
+def execute_notebook(
+    folder: Path,
+    name: str,
+    parameters: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+) -> NotebookNode:
+    """One notebook in a runner (and a kernel) of its own; its executed copy."""
+    code, log = run_runner(folder, [name], parameters, env if env is not None else os.environ)
+    notebook = executed_copy(folder, name, log)
+    assert code == 0, f"{name}: the runner exited {code}:\n{log[-6000:]}"
+    return notebook
+
+
+@dataclass(frozen=True)
+class Together:
+    """The four notebooks on the run's local warehouse, executed in one runner: one kernel,
+    one Spark JVM (notebooks/run.py), in this order, the redrive last."""
+
+    folder: Path
+    log: str
+    live_dlq: list[str]
+    """The leader's DLQ when they started (the redrive, last, changes it)."""
+
+    def notebook(self, name: str) -> NotebookNode:
+        return executed_copy(self.folder, name, self.log)
+
+
+TOGETHER = ("queue_health", "job_forensics", "throughput", "dlq_redrive")
+REDRIVEN = ["oom-1", "oom-2"]
+"""img.resize jobs dead of OutOfMemoryError in phase A: oom-1 and oom-2. Not oom-3 (died
+after the window), bad-1 (another error), mail-oom-1 (another exec), nor the others."""
+
+
+@pytest.fixture(scope="module")
+def together(produced: Produced, tmp_path_factory: pytest.TempPathFactory) -> Together:
+    """A user's notebooks share a kernel and its Spark JVM as a Databricks job's share its
+    cluster; here that saves three JVM starts and warm-ups (a minute of CPU each on this
+    machine). The object-store run has an environment of its own, and a kernel with it."""
+    folder = tmp_path_factory.mktemp("notebooks")
+    parameters = {
+        "warehouse": produced.warehouse,
+        # job_forensics
+        "job_id": "retry-1",
+        "as_of_version": produced.version_after_a,
+        # dlq_redrive
+        "api_url": produced.node.url,
+        "api_key": produced.node.keys["admin"],
+        "condition": "exec = 'img.resize' AND error_class = 'OutOfMemoryError'",
+        "died_after": utc(produced.phase_a_started),
+        "died_before": utc(produced.phase_a_ended),
+        "dry_run": False,
+    }
+    before = leader_dlq(produced)
+    _, log = run_runner(folder, TOGETHER, parameters, notebook_environment(produced, folder))
+    return Together(folder, log, before)
 
 
 def utc(moment: dt.datetime) -> str:
@@ -233,13 +303,6 @@ def test_parameters_go_in_a_cell_after_the_parameters_cell_and_typos_are_refused
 # --- executed against the run's tables ---------------------------------------------------------
 
 
-def test_queue_health_shows_depth_in_flight_oldest_and_the_dlq(
-    produced: Produced, tmp_path: Path
-) -> None:
-    notebook = run_notebook(produced, tmp_path, "queue_health")
-    check_queue_health(notebook, produced)
-
-
 def test_queue_health_reads_an_object_store_warehouse(
     produced: Produced, s3_server: S3Server, tmp_path: Path
 ) -> None:
@@ -264,7 +327,11 @@ def test_queue_health_reads_an_object_store_warehouse(
     notebook = run_notebook(produced, tmp_path, "queue_health", environment, warehouse=uri)
 
     assert f"{uri}: views " in text(notebook, "setup")
-    check_queue_health(notebook, produced)
+    check_queue_health(notebook, leader_dlq(produced))
+
+
+def test_queue_health_shows_depth_in_flight_oldest_and_the_dlq(together: Together) -> None:
+    check_queue_health(together.notebook("queue_health"), together.live_dlq)
 
 
 def upload(folder: Path, server: S3Server, key: str) -> None:
@@ -288,8 +355,15 @@ def upload(folder: Path, server: S3Server, key: str) -> None:
     )
 
 
-def check_queue_health(notebook: NotebookNode, produced: Produced) -> None:
-    """What `queue_health` must show of the run's tables, wherever they are."""
+def leader_dlq(produced: Produced) -> list[str]:
+    """The ids of the jobs in the leader's DLQ now."""
+    with produced.node.client("admin") as admin:
+        return sorted(job["id"] for job in admin.get("/v1/dlq").json()["jobs"])
+
+
+def check_queue_health(notebook: NotebookNode, live_dlq: list[str]) -> None:
+    """What `queue_health` must show of the run's tables, wherever they are; `live_dlq` is
+    the leader's DLQ when it ran."""
     statuses = column(table(notebook, "statuses"), "status", "jobs")
     assert statuses == {
         status: str(count) for status, count in Counter(EXPECTED_STATUS.values()).items()
@@ -316,9 +390,7 @@ def check_queue_health(notebook: NotebookNode, produced: Produced) -> None:
 
     dead = sorted(job_id for job_id, status in EXPECTED_STATUS.items() if status == "dead")
     assert f"DLQ size: {len(dead)} dead job(s)" in text(notebook, "dlq-size")
-    with produced.node.client("admin") as admin:
-        live = admin.get("/v1/dlq").json()["jobs"]
-    assert sorted(job["id"] for job in live) == dead
+    assert live_dlq == dead, "the leader's DLQ when the notebook ran"
     breakdown = {
         (row["exec"], row["dead_reason"]): row["dead"] for row in table(notebook, "dlq-size")
     }
@@ -331,12 +403,10 @@ def check_queue_health(notebook: NotebookNode, produced: Produced) -> None:
 
 
 def test_job_forensics_shows_the_history_and_the_state_as_of_a_past_version(
-    produced: Produced, tmp_path: Path
+    produced: Produced, together: Together
 ) -> None:
     version = produced.version_after_a
-    notebook = run_notebook(
-        produced, tmp_path, "job_forensics", job_id="retry-1", as_of_version=version
-    )
+    notebook = together.notebook("job_forensics")
 
     [now] = table(notebook, "job-now")
     assert (now["status"], now["attempts"], now["exec"]) == ("succeeded", "2", "mail.send")
@@ -382,8 +452,8 @@ def test_job_forensics_shows_the_history_and_the_state_as_of_a_past_version(
     assert since == ["assigned", "completed"]
 
 
-def test_throughput_shows_totals_percentiles_and_plots(produced: Produced, tmp_path: Path) -> None:
-    notebook = run_notebook(produced, tmp_path, "throughput")
+def test_throughput_shows_totals_percentiles_and_plots(together: Together) -> None:
+    notebook = together.notebook("throughput")
 
     totals = {row["exec"]: row for row in table(notebook, "totals-by-exec")}
     counters = ("submitted", "started", "retries", "completed", "dead", "cancelled")
@@ -406,22 +476,10 @@ def test_throughput_shows_totals_percentiles_and_plots(produced: Produced, tmp_p
 
 
 def test_dlq_redrive_redrives_exactly_the_selection_through_the_api(
-    produced: Produced, tmp_path: Path
+    produced: Produced, together: Together
 ) -> None:
-    # img.resize jobs dead of OutOfMemoryError in phase A: oom-1 and oom-2. Not oom-3 (died
-    # after the window), bad-1 (another error), mail-oom-1 (another exec), nor the others.
-    notebook = run_notebook(
-        produced,
-        tmp_path,
-        "dlq_redrive",
-        api_url=produced.node.url,
-        api_key=produced.node.keys["admin"],
-        condition="exec = 'img.resize' AND error_class = 'OutOfMemoryError'",
-        died_after=utc(produced.phase_a_started),
-        died_before=utc(produced.phase_a_ended),
-        dry_run=False,
-    )
-    selected = ["oom-1", "oom-2"]
+    notebook = together.notebook("dlq_redrive")
+    selected = REDRIVEN
 
     assert "DLQ size: 7 dead job(s)" in text(notebook, "dlq-size")
     causes = {

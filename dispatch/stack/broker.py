@@ -235,7 +235,7 @@ class Broker:
         # A short-lived tool: the client compiler (whatever `jvm.quick_start` says) and the
         # serial collector start it in a third of the time (2 s instead of 6 s on a loaded
         # two-core machine); the broker's archive covers its classes too (same jars).
-        archive = [o for o in self._sharing() if o != class_sharing.QUICK_START_OPTION]
+        archive = [o for o in self._sharing() if o not in class_sharing.QUICK_START_OPTIONS]
         command = [
             self._java(), *archive, class_sharing.QUICK_START_OPTION, "-XX:+UseSerialGC",
             "-cp", self._classpath(),

@@ -17,6 +17,7 @@ from dispatch.stack.broker import Broker
 from dispatch.stack.class_sharing import (
     KEPT_PER_ROLE,
     QUICK_START_OPTION,
+    QUICK_START_OPTIONS,
     ClassSharingError,
     archive_path,
     dumping,
@@ -62,7 +63,7 @@ def test_class_sharing_off_never_names_an_archive(tmp_path: Path, jars: list[Pat
     archive = archive_path(settings, "role", jars)
     archive.parent.mkdir(parents=True)
     archive.write_bytes(b"archive")
-    assert java_options(settings, "role", jars) == [QUICK_START_OPTION]
+    assert java_options(settings, "role", jars) == list(QUICK_START_OPTIONS)
 
 
 def test_quick_start_is_off_unless_asked(tmp_path: Path, jars: list[Path]) -> None:
@@ -76,7 +77,7 @@ def test_quick_start_is_off_unless_asked(tmp_path: Path, jars: list[Path]) -> No
 def test_the_spark_driver_keeps_the_optimising_compiler(tmp_path: Path, jars: list[Path]) -> None:
     settings = settings_in(tmp_path, quick_start=True, quick_start_driver=False)
     assert java_options(settings, class_sharing.SPARK_DRIVER, jars) == []
-    assert java_options(settings, class_sharing.BROKER, jars) == [QUICK_START_OPTION]
+    assert java_options(settings, class_sharing.BROKER, jars) == list(QUICK_START_OPTIONS)
 
 
 def test_a_short_lived_driver_may_take_the_client_compiler_with_quick_start(
@@ -84,7 +85,7 @@ def test_a_short_lived_driver_may_take_the_client_compiler_with_quick_start(
 ) -> None:
     assert JvmSettings().quick_start_driver is False
     both = settings_in(tmp_path, quick_start=True, quick_start_driver=True)
-    assert java_options(both, class_sharing.SPARK_DRIVER, jars) == [QUICK_START_OPTION]
+    assert java_options(both, class_sharing.SPARK_DRIVER, jars) == list(QUICK_START_OPTIONS)
     driver_only = settings_in(tmp_path, quick_start=False, quick_start_driver=True)
     assert java_options(driver_only, class_sharing.SPARK_DRIVER, jars) == []
 

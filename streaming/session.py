@@ -189,6 +189,11 @@ def spark_config(
             f"{utc} -Xss16m -Dderby.system.home={var / 'derby'} {driver_jvm}"
         ).strip(),
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        # Spark keeps 100 compiled classes (generated code, by source) by default: the fold's
+        # batches and the Delta commands under them generate more, so they were evicted and
+        # generated, compiled and JIT-compiled again (a test file of batches: 602 compilations
+        # at 100, 216 at 2,000: BENCHMARKS.md, *JVM start-up*). A class is a few KB.
+        "spark.sql.codegen.cache.maxEntries": "1000",
     }
     if not is_local(spark.master):
         # Separate executor JVMs: their heap must fit a worker's memory (Spark's default is

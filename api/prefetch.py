@@ -6,7 +6,7 @@ poll it every 5 ms to keep a command's wait short: an idle leader spent a third 
 those polls (kafka-python hands each one to its I/O thread and back). With the consumer
 polled here instead, the loop waits on one condition that a fetched batch, a command
 (`wake`) or its next timer ends, and sleeps while nothing happens (docs/architecture.md,
-*The leader's loop*).
+*The loop sleeps when idle*).
 
 At most one batch is fetched ahead of the owner: the fetch behind it waits until the owner
 took it, so what is fetched is consumed in order and memory stays bounded.
@@ -32,7 +32,13 @@ class Prefetcher(Generic[Batch]):
 
     def __init__(self, fetch: Callable[[], Batch | None], *, name: str) -> None:
         self._fetch = fetch
-        self._changed = threading.Condition()
+        # One lock, two conditions: a wake-up (one per command under load) wakes the owner
+        # only, and the fetch thread wakes only when its batch was taken.
+        lock = threading.Lock()
+        self._arrived = threading.Condition(lock)
+        """A batch, an error or a wake-up for the owner."""
+        self._taken = threading.Condition(lock)
+        """Room for the next batch, or closing, for the fetch thread."""
         self._pending: Batch | None = None
         """A fetched batch the owner has not taken yet."""
         self._error: BaseException | None = None
@@ -46,50 +52,52 @@ class Prefetcher(Generic[Batch]):
     def _run(self) -> None:
         try:
             while True:
-                with self._changed:
+                with self._taken:
                     while self._pending is not None and not self._closing:
-                        self._changed.wait()
+                        self._taken.wait()
                     if self._closing:
                         return
                 batch = self._fetch()
                 if batch is not None:
-                    with self._changed:
+                    with self._arrived:
                         self._pending = batch
-                        self._changed.notify_all()
+                        self._arrived.notify()
         except Exception as error:  # noqa: BLE001  (handed to the owner, raised by `take`)
-            with self._changed:
+            with self._arrived:
                 self._error = error
-                self._changed.notify_all()
+                self._arrived.notify()
 
     def take(self, timeout_s: float) -> Batch | None:
         """The next batch; None when none came within `timeout_s` or `wake` was called
         (since the last `take`). Raises what `fetch` raised, once no batch is left."""
         deadline = time.monotonic() + timeout_s
-        with self._changed:
+        with self._arrived:
             while self._pending is None and self._error is None and not self._woken:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._changed.wait(remaining)
+                self._arrived.wait(remaining)
             self._woken = False
             batch, self._pending = self._pending, None
-            if batch is None and self._error is not None:
-                raise self._error
-            self._changed.notify_all()
+            if batch is None:
+                if self._error is not None:
+                    raise self._error
+                return None
+            self._taken.notify()
             return batch
 
     def wake(self) -> None:
         """Make a `take` under way, or the next one, return at once."""
-        with self._changed:
+        with self._arrived:
             self._woken = True
-            self._changed.notify_all()
+            self._arrived.notify()
 
     def close(self, timeout_s: float) -> bool:
         """Stop fetching; False when the fetch under way did not return within `timeout_s`
         (the thread is then left to end by itself)."""
-        with self._changed:
+        with self._taken:
             self._closing = True
-            self._changed.notify_all()
+            self._taken.notify()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
         return not self._thread.is_alive()

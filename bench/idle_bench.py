@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
@@ -28,6 +29,7 @@ from dispatch.settings import Settings, load_settings
 from dispatch.stack.local import LocalStack
 from dispatch.stack.plan import StackPlan
 from dispatch.stack.ports import free_port
+from dispatch.stack.process import proc_stat
 
 SETTLE_S = 10.0
 """Left to the stack after `up` returns: the standby's first lease reads, the broker's
@@ -37,36 +39,27 @@ SETTLE_WITH_FOLD_S = 60.0
 about 4% of a core (measured 2026-11-27)."""
 
 
-def _stat(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def _children() -> dict[int, list[int]]:
+def cpu_seconds(pids: Iterable[int]) -> dict[int, float]:
+    """User + system CPU time of each running process and its living descendants (threads
+    included): `dispatch streaming` is a Python process whose Spark JVM is its child. One
+    walk of /proc for them all."""
+    stats = {int(entry.name): proc_stat(int(entry.name)) for entry in Path("/proc").iterdir()
+             if entry.name.isdigit()}  # fmt: skip
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int(_stat(int(entry.name))[1])
-            except (OSError, IndexError):
-                continue  # gone meanwhile
-            children.setdefault(parent, []).append(int(entry.name))
-    return children
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a running process and its living descendants (threads
-    included): `dispatch streaming` is a Python process whose Spark JVM is its child."""
-    children = _children()
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        todo += children.get(current, [])
-        try:
-            fields = _stat(current)
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    for pid, fields in stats.items():
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(pid)
+    ticks = os.sysconf("SC_CLK_TCK")
+    totals = {}
+    for root in pids:
+        total, todo = 0.0, [root]
+        while todo:
+            current = todo.pop()
+            todo += children.get(current, [])
+            if (fields := stats.get(current)) is not None:
+                total += (int(fields[11]) + int(fields[12])) / ticks
+        totals[root] = total
+    return totals
 
 
 def _role(stack: LocalStack, name: str) -> str:
@@ -88,14 +81,14 @@ def measure(
         time.sleep(settle_s)
         pids = {status.name: status.pid for status in stack.status() if status.pid is not None}
         roles = {name: _role(stack, name) for name in pids}
-        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        before = cpu_seconds(pids.values())
         started = time.monotonic()
         time.sleep(seconds)
-        after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        after = cpu_seconds(pids.values())
         elapsed = time.monotonic() - started
     finally:
         stack.down()
-    return {roles[name]: 100 * (after[name] - before[name]) / elapsed for name in pids}
+    return {roles[name]: 100 * (after[pid] - before[pid]) / elapsed for name, pid in pids.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

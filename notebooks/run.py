@@ -403,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A typo in a name, or a missing notebook, is refused before a kernel starts.
         parser.error(str(error))
     executed = execute_all(runs, timeout_s=options.timeout_s)
-    for run, result in zip(runs, executed, strict=False):
+    for run, result in zip(runs, executed, strict=True):
         if result.error is not None:
             print(
                 f"{run.path} failed; executed copy: {run.output}\n{result.error}", file=sys.stderr
@@ -412,8 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"executed {run.path} in {result.seconds:.0f} s -> {run.output}")
         if result.killed:
             print(f"killed processes the kernel left behind: {result.killed}", file=sys.stderr)
-    failed = len(executed) < len(runs) or any(result.error for result in executed)
-    return 1 if failed else 0
+    return 1 if any(result.error for result in executed) else 0
 
 
 def _runs(
@@ -431,9 +430,9 @@ def _runs(
     if len(paths) > 1 and output is not None:
         folder = output
     runs = []
-    for path, taken in zip(paths, names, strict=True):
+    for path, notebook, taken in zip(paths, notebooks, names, strict=True):
         own = {name: value for name, value in parameters.items() if name in taken}
-        inject_parameters(read_notebook(path), own)  # values that are not literals: refused
+        inject_parameters(notebook, own)  # a copy; values that are not literals: refused
         single = output if len(paths) == 1 else None
         runs.append(NotebookRun(path, own, single or folder / path.name))
     return runs

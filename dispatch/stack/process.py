@@ -20,7 +20,9 @@ class ProcessError(Exception):
     """A stack process could not be started or stopped; the message names its log file."""
 
 
-def _proc_stat(pid: int) -> list[str] | None:
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (field 3 on: state, parent pid,
+    ..., utime at [11], stime at [12], start time at [19]); None if there is no such process."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -31,13 +33,13 @@ def _proc_stat(pid: int) -> list[str] | None:
 
 def start_ticks(pid: int) -> int | None:
     """When the process started (clock ticks since boot), or None if it does not exist."""
-    fields = _proc_stat(pid)
+    fields = proc_stat(pid)
     return int(fields[19]) if fields else None
 
 
 def is_running(pid: int, ticks: int | None = None) -> bool:
     """True if `pid` is alive (not a zombie) and, when given, started at `ticks`."""
-    fields = _proc_stat(pid)
+    fields = proc_stat(pid)
     if fields is None or fields[0] in ("Z", "X"):
         return False
     return ticks is None or int(fields[19]) == ticks

@@ -28,11 +28,12 @@ RUN mkdir -p /usr/share/man/man1 \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 # The dependencies first, in a layer of their own: pyspark alone is ~400 MB, and this layer
-# then survives every change to the project's sources. The list comes from pyproject.toml,
-# every version (transitive ones too) from constraints.txt, as scripts/bootstrap.sh does.
+# then survives every change to the project's sources. The list comes from pyproject.toml (the
+# light install and the `server` extra), every version (transitive ones too) from
+# constraints.txt, as scripts/bootstrap.sh does.
 COPY pyproject.toml constraints.txt ./
 RUN --mount=type=cache,target=/root/.cache/pip \
-    python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+    python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['server']))" \
         > /tmp/requirements.txt \
     && pip install -c constraints.txt -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt

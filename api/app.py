@@ -14,12 +14,12 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.routing import BaseRoute
 
-from api import errors
-from api.deps import get_node, get_principal
-from api.node import Node
-from api.routes import admin, jobs, stream, tenants, ui, workers
-from api.schemas import ErrorBody, NotLeaderBody, ValidationErrorBody
-from api.submit_fast_path import SubmitFastPath
+from dispatch.api import errors
+from dispatch.api.deps import get_node, get_principal
+from dispatch.api.node import Node
+from dispatch.api.routes import admin, jobs, stream, tenants, ui, workers
+from dispatch.api.schemas import ErrorBody, NotLeaderBody, ValidationErrorBody
+from dispatch.api.submit_fast_path import SubmitFastPath
 from dispatch.auth import KeyRing
 from dispatch.settings import Settings
 
@@ -118,7 +118,7 @@ _INVALID = "Refused input: `detail` (and `fields`) name each refused field"
 
 
 def _document_errors(app: FastAPI, routes: list[BaseRoute]) -> None:
-    """Make the OpenAPI document say what the server answers: every error is `api.errors`'s
+    """Make the OpenAPI document say what the server answers: every error is `dispatch.api.errors`'s
     JSON body (FastAPI documents its own 422 array instead), with the statuses each route
     can answer (a key, a role, a leader, a body). Routes may name more with `responses=`."""
     generate = app.openapi

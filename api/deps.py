@@ -7,8 +7,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from api.errors import ApiError
-from api.node import Node
+from dispatch.api.errors import ApiError
+from dispatch.api.node import Node
 from dispatch.auth import KeyRing, Principal, Role
 
 

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from api.leader import LeaseExpired
+from dispatch.api.leader import LeaseExpired
 from dispatch.lease import Lease, LeaseTable, serving_deadline
 from dispatch.settings import Settings
 from dispatch.warehouse import Warehouse

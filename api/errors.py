@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.leader import LeaderUnavailable
-from api.submit_producer import SubmitUnavailable
+from dispatch.api.leader import LeaderUnavailable
+from dispatch.api.submit_producer import SubmitUnavailable
 from dispatch.core.errors import Rejected
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def _field(location: tuple[Any, ...]) -> str:
 
 
 def answer_for(error: Exception, scope: Scope) -> JSONResponse | None:
-    """The answer to a refusal raised by a route (or by `api.submit_fast_path`), or None if
+    """The answer to a refusal raised by a route (or by `dispatch.api.submit_fast_path`), or None if
     `error` is not one."""
     if isinstance(error, ApiError):
         return error_response(error.status, error.error, error.detail)

@@ -7,8 +7,8 @@ dispatcher thread except through this hub's lock-guarded counters.
 Terms: when a leadership term ends (`stopped`), everything of that term ends with it: the
 outboxes and undelivered counts are emptied (the next term rebuilt its own view from the log),
 long-polls wake up, and `term_ended()` fires, which closes every WebSocket session opened under
-that term (`api.routes.stream`). Worker sessions: one open socket at most serves a worker id
-(`claim_worker`); only that session takes the worker's assignments and may lose the worker
+that term (`dispatch.api.routes.stream`). Worker sessions: one open socket at most serves a worker
+id (`claim_worker`); only that session takes the worker's assignments and may lose the worker
 when it closes.
 """
 
@@ -20,7 +20,7 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
 
-from api.metrics import Metrics
+from dispatch.api.metrics import Metrics
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import Assigned, Event, JobEvent, Reassigned, WorkerLost
 from dispatch.core.job import TERMINAL_STATUSES, JobRecord, JobStatus

@@ -34,7 +34,7 @@ from kafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from kafka.net.compat import KafkaNetClient
 from kafka.structs import OffsetAndMetadata
 
-from api.prefetch import Prefetcher
+from dispatch.api.prefetch import Prefetcher
 from dispatch.event_records import EventBatch, decode_batch
 from dispatch.settings import KafkaSettings
 
@@ -61,7 +61,7 @@ RECONNECT = {
     "reconnect_backoff_ms": 50,
     "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
 }
-"""kafka-python options every client of the dispatcher passes (`api.node` too)."""
+"""kafka-python options every client of the dispatcher passes (`dispatch.api.node` too)."""
 
 
 def check_durable(sends: Sequence[Any], *, began_as: Any, ended_as: Any) -> None:

@@ -13,11 +13,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from api.metrics import Metrics
+from dispatch.api.metrics import Metrics
 from dispatch.settings import Settings
 
 if TYPE_CHECKING:
-    from api.leader_io import LagSource, NodeIO
+    from dispatch.api.leader_io import LagSource, NodeIO
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ outside the leader before it is durable (docs/spec.md §10, "strict assign after
 A failed commit means the in-memory state is ahead of the log: the loop stops, every waiting
 request fails with `LeaderUnavailable`, and the node builds a fresh leader from the log.
 
-A term exists only while its node holds the group's lease (`api.election`): the term is given
-the lease's epoch (stamped on every event it writes) and a `serving_until` clock it checks
+A term exists only while its node holds the group's lease (`dispatch.api.election`): the term is
+given the lease's epoch (stamped on every event it writes) and a `serving_until` clock it checks
 before each commit, so a leader whose lease could have expired somewhere decides nothing more.
 The rebuild starts from the newest Delta snapshot of `jobs` (see `dispatch.delta.snapshot`) and
 replays only the log after its offsets; without one, it replays the whole log. When retention
@@ -39,9 +39,15 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.kafka_log import KAFKA_CALL_DEADLINE_S, SnapshotBehindLog
-from api.leader_io import KafkaLeaderIO, LeaderIO, LogReader, SubmitSource, TransactionalLog
-from api.metrics import Metrics
+from dispatch.api.kafka_log import KAFKA_CALL_DEADLINE_S, SnapshotBehindLog
+from dispatch.api.leader_io import (
+    KafkaLeaderIO,
+    LeaderIO,
+    LogReader,
+    SubmitSource,
+    TransactionalLog,
+)
+from dispatch.api.metrics import Metrics
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import InvalidTransition, Rejected
@@ -72,7 +78,7 @@ even while there is nothing to do."""
 
 GROUP_OFFSETS_EVERY_S = 1.0
 """How often the submit position also goes to the consumer group's offsets (for monitoring
-tools; the position of record rides in the events log, see `api.kafka_log`)."""
+tools; the position of record rides in the events log, see `dispatch.api.kafka_log`)."""
 
 
 REBUILD_MODULES = ("dispatch.delta.snapshot", "pyarrow.dataset")
@@ -94,7 +100,7 @@ def collector_paused(*, freeze: bool = True) -> Iterator[None]:
 
     A rebuild allocates a million records, their payload and result dicts, and indexes, all
     of which stay alive: the collector, triggered every 10k allocations in a node
-    (`api.server.GC_THRESHOLDS`), would scan them again and again for nothing (a sizeable
+    (`dispatch.api.server.GC_THRESHOLDS`), would scan them again and again for nothing (a sizeable
     share of a 1M-job rebuild). `gc.freeze()` then moves
     everything alive to the permanent generation, so the serving term's full collections do
     not scan the million long-lived objects either (each such collection was a pause every
@@ -131,8 +137,8 @@ class LeaseExpired(Exception):
 def stall_bound_s(settings: Settings) -> float:
     """How long a term's loop may go without completing an iteration (or without a broker
     answer) before its node reports not ready; a loop stalled that long also gives up the
-    lease (`api.node`). Above every Kafka call's own deadline, so a call that times out fails
-    the term first, and at least two lease periods, so a garbage collection or one slow
+    lease (`dispatch.api.node`). Above every Kafka call's own deadline, so a call that times out
+    fails the term first, and at least two lease periods, so a garbage collection or one slow
     commit is no stall."""
     return max(KAFKA_CALL_DEADLINE_S + 1.0, 2 * settings.lease.ttl_s)
 
@@ -405,7 +411,7 @@ class Leader:
                 self.listener.stopped(None)
         self._close()
         # What the rebuild froze (this term's core among it) can be collected again once the
-        # term is dropped; `api.node` collects it right after.
+        # term is dropped; `dispatch.api.node` collects it right after.
         gc.unfreeze()
 
     @property

@@ -1,6 +1,7 @@
 """What a leader term and its node read and write, as interfaces: the seams around the loop.
 
-A term (`api.leader.Leader`) needs four things from the outside world, each a protocol here:
+A term (`dispatch.api.leader.Leader`) needs four things from the outside world, each a
+protocol here:
 - a `TransactionalLog`: one atomic commit per loop iteration of its events records, the
   rejections and (now and then) the submit group's offsets; opening one fences every log
   the group opened before (a deposed leader's next commit fails);
@@ -8,14 +9,14 @@ A term (`api.leader.Leader`) needs four things from the outside world, each a pr
 - a `LogReader`: the committed events log after a position (the rebuild's replay), and the
   submit position the log last carried before one;
 - the newest snapshot of the group's jobs (`LeaderIO.latest_snapshot`).
-A node (`api.node.Node`) adds a `SubmitSink`, where its REST and WebSocket submissions go,
+A node (`dispatch.api.node.Node`) adds a `SubmitSink`, where its REST and WebSocket submissions go,
 and a `LagSource`, how far the streaming fold is behind the log (its `/metrics`).
 
-`KafkaLeaderIO` is the real thing (Kafka through `api.kafka_log` and `api.submit_producer`,
-the snapshot through delta-rs); `api.memory_log.MemoryLog` is its in-memory twin, for tests
-of the leader's and the API's logic that need no broker (as dramatiq's stub broker).
-Everything only a broker shows (transactions across a kill -9, fencing by Kafka, retention,
-reconnection) stays tested against a real one.
+`KafkaLeaderIO` is the real thing (Kafka through `dispatch.api.kafka_log` and
+`dispatch.api.submit_producer`, the snapshot through delta-rs); `dispatch.api.memory_log.MemoryLog`
+is its in-memory twin, for tests of the leader's and the API's logic that need no broker (as
+dramatiq's stub broker). Everything only a broker shows (transactions across a kill -9, fencing by
+Kafka, retention, reconnection) stays tested against a real one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dispatch.event_records import EventBatch
 from dispatch.settings import Settings
 
 if TYPE_CHECKING:
-    from api.kafka_log import SubmitRecord
+    from dispatch.api.kafka_log import SubmitRecord
     from dispatch.delta.snapshot import Snapshot
 
 
@@ -146,19 +147,19 @@ class KafkaLeaderIO:
         self.settings = settings
 
     def open_log(self, group: str, client_id: str) -> TransactionalLog:
-        from api.kafka_log import EventLog
+        from dispatch.api.kafka_log import EventLog
 
         return EventLog(self.settings.kafka, group, client_id=client_id)
 
     def open_submit_source(
         self, group: str, client_id: str, position: Mapping[int, int] | None
     ) -> SubmitSource:
-        from api.kafka_log import SubmitReader
+        from dispatch.api.kafka_log import SubmitReader
 
         return SubmitReader(self.settings.kafka, group, client_id=client_id, position=position)
 
     def open_log_reader(self, client_id: str) -> LogReader:
-        from api.kafka_log import EventsReader
+        from dispatch.api.kafka_log import EventsReader
 
         return EventsReader(self.settings.kafka, client_id=client_id)
 
@@ -169,7 +170,7 @@ class KafkaLeaderIO:
         return latest_snapshot(Warehouse.of(self.settings), group)
 
     def open_submit_sink(self, client_id: str) -> SubmitSink:
-        from api.submit_producer import SubmitProducer
+        from dispatch.api.submit_producer import SubmitProducer
 
         return SubmitProducer(self.settings.kafka, client_id)
 

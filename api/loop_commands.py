@@ -1,8 +1,8 @@
 """What requests ask of the leader's loop, by name: every command a route (REST or WebSocket)
 hands to the loop, and every read of its committed state.
 
-A `LoopCommand[T]` has two halves, run on the loop thread (`api.leader`): `decide(core, now)`
-calls the core's commands and returns the events they applied (or raises `Rejected`, changing
+A `LoopCommand[T]` has two halves, run on the loop thread (`dispatch.api.leader`): `decide(core,
+now)` calls the core's commands and returns the events they applied (or raises `Rejected`, changing
 nothing); `answer(core, events)` runs only after those events are committed, on committed
 state, and its value (a `T`) is what the request awaits (`Node.call`). A read is a command
 that decides nothing. The routes parse and check their input, build one of these, and turn
@@ -17,8 +17,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from api.hub import Hub, public_job
-from api.worker_sync import Held, rejoin
+from dispatch.api.hub import Hub, public_job
+from dispatch.api.worker_sync import Held, rejoin
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import RejectCode, Rejected
 from dispatch.core.events import Event
@@ -47,7 +47,7 @@ class LoopCommand(Generic[T]):
 
 
 def view_of(core: Dispatcher, job_id: str) -> JobView | None:
-    """The job's view as every answer of the server shows it (`api.hub.public_job`)."""
+    """The job's view as every answer of the server shows it (`dispatch.api.hub.public_job`)."""
     job = core.job_view(job_id)
     return None if job is None else public_job(job)
 
@@ -219,7 +219,7 @@ class PresentWorker(LoopCommand[None]):
 
 @dataclass(frozen=True, slots=True)
 class RejoinWorker(LoopCommand[int]):
-    """A socket worker's hello (`api.worker_sync.rejoin`: what the leader believes of the
+    """A socket worker's hello (`dispatch.api.worker_sync.rejoin`: what the leader believes of the
     worker becomes what it says); answers the leader's epoch, once the session's outbox was
     restarted for the new session."""
 

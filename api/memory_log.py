@@ -1,4 +1,5 @@
-"""`MemoryLog`: the in-memory twin of the dispatcher's topics, behind `api.leader_io.NodeIO`.
+"""`MemoryLog`: the in-memory twin of the dispatcher's topics, behind
+`dispatch.api.leader_io.NodeIO`.
 
 For tests of the leader's and the API's logic that need no broker (as dramatiq's
 `brokers/stub.py`): a node built with `Node(..., io=MemoryLog(settings))` runs in the test's
@@ -25,8 +26,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from api.kafka_log import SnapshotBehindLog, SubmitRecord, submit_group_id
-from api.submit_producer import SubmitUnavailable
+from dispatch.api.kafka_log import SnapshotBehindLog, SubmitRecord, submit_group_id
+from dispatch.api.submit_producer import SubmitUnavailable
 from dispatch.core.commands import SubmitRequest
 from dispatch.event_records import EventBatch, decode_batch
 from dispatch.settings import Settings
@@ -243,7 +244,8 @@ class MemoryLogReader:
             try:
                 yield decode_batch(raw)
             except ValueError as error:
-                # As `api.kafka_log.EventsReader`: a record no leader wrote is named, skipped.
+                # As `dispatch.api.kafka_log.EventsReader`: a record no leader wrote is named,
+                # skipped.
                 log.error("replaying %s: skipped the record at 0/%d: %s", self.topic, at, error)
 
     def last_submit_position(

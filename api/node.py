@@ -1,10 +1,10 @@
 """One API node: its part in the election, its leadership term (if any), the submit producer,
 the hub and metrics.
 
-Every node takes part in the election of its group (`api.election`). While it holds the lease,
-a supervisor thread runs a leadership term (`api.leader.Leader`), which fences the previous
-leader, rebuilds, and serves; when a term fails (fenced, broker lost) and the lease is still
-held, it starts a new one. A node without the lease is a follower: `Node.leader()` raises
+Every node takes part in the election of its group (`dispatch.api.election`). While it holds the
+lease, a supervisor thread runs a leadership term (`dispatch.api.leader.Leader`), which fences the
+previous leader, rebuilds, and serves; when a term fails (fenced, broker lost) and the lease is
+still held, it starts a new one. A node without the lease is a follower: `Node.leader()` raises
 `LeaderUnavailable` naming the leader, which the routes turn into a 307 to it, except for
 submissions, which any node writes to `dispatch.submit` itself.
 
@@ -25,19 +25,19 @@ import threading
 from collections.abc import Sequence
 from typing import TypeVar
 
-from api.election import Election
-from api.hub import Hub
-from api.lag_metrics import LagGauges
-from api.leader import (
+from dispatch.api.election import Election
+from dispatch.api.hub import Hub
+from dispatch.api.lag_metrics import LagGauges
+from dispatch.api.leader import (
     Command,
     Leader,
     LeaderUnavailable,
     LogGap,
     preload_rebuild_modules,
 )
-from api.leader_io import KafkaLeaderIO, NodeIO, SubmitSink
-from api.loop_commands import LoopCommand
-from api.metrics import Metrics
+from dispatch.api.leader_io import KafkaLeaderIO, NodeIO, SubmitSink
+from dispatch.api.loop_commands import LoopCommand
+from dispatch.api.metrics import Metrics
 from dispatch.core.commands import SubmitRequest
 from dispatch.settings import Settings
 
@@ -120,7 +120,7 @@ class Node:
                 # The term's state (a million records in reference cycles, unfrozen by
                 # `Leader.stop`) is garbage now: free it here, not frozen again by the next
                 # rebuild (which runs with the collector off) nor kept until a full
-                # collection, which the thresholds `api.server` sets make rare.
+                # collection, which the thresholds `dispatch.api.server` sets make rare.
                 gc.collect()
             if started:
                 failures = 0

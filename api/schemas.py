@@ -148,7 +148,7 @@ class LeaderView(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """Every error the API answers (`api.errors`)."""
+    """Every error the API answers (`dispatch.api.errors`)."""
 
     error: str = Field(description="A stable code: `invalid`, `not_found`, `conflict`, ...")
     detail: str = Field(description="What went wrong, naming the field or the id")

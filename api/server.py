@@ -13,8 +13,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-from api.app import create_app
-from api.node import Node
+from dispatch.api.app import create_app
+from dispatch.api.node import Node
 from dispatch.auth import KeyRing
 from dispatch.settings import Settings
 from dispatch.submit_records import ENVELOPE_BYTES
@@ -28,7 +28,7 @@ a pause every second or two under load, most of submit→assign's p99; at (10_00
 each middle one was long (the figures: BENCHMARKS.md, *End to end*).
 CPython's defaults (700, 10, 10) rescan the long-lived jobs held in the old generation far
 too often. The rebuild pauses the collector and freezes what it built
-(`api.leader.collector_paused`), whatever these are."""
+(`dispatch.api.leader.collector_paused`), whatever these are."""
 
 MAX_HEADER_BYTES = 16 * 1024
 """The request line and headers of one request, together (Node.js's default). A key is 43

@@ -11,7 +11,7 @@ answers). Anything else (no key or a wrong one, a body that does not validate, a
 or path) goes on to FastAPI untouched, with the body it read replayed, so every refusal keeps
 the one format and wording the routes give (`api/errors.py`). Nothing has been written to
 Kafka when it hands a request on: the hand-off happens only before `accept`. What `accept`
-refuses (409, 422, 503) is answered here through the same `api.errors.answer_for`.
+refuses (409, 422, 503) is answered here through the same `dispatch.api.errors.answer_for`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import json
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.deps import bearer_principal
-from api.errors import ApiError, answer_for
-from api.node import Node
-from api.routes.jobs import accept, to_request
-from api.schemas import JobSubmission
+from dispatch.api.deps import bearer_principal
+from dispatch.api.errors import ApiError, answer_for
+from dispatch.api.node import Node
+from dispatch.api.routes.jobs import accept, to_request
+from dispatch.api.schemas import JobSubmission
 from dispatch.auth import KeyRing, Principal, Role
 
 PATH = "/v1/jobs"

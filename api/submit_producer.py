@@ -25,7 +25,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from api.kafka_log import RECONNECT_BACKOFF_MAX_MS
+from dispatch.api.kafka_log import RECONNECT_BACKOFF_MAX_MS
 from dispatch.core.commands import SubmitRequest
 from dispatch.settings import KafkaSettings
 from dispatch.submit_records import submit_record_value

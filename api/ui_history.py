@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 log = logging.getLogger(__name__)
 
 COUNTERS = ("enqueued", "assigned", "completed", "dead", "requeued")
-"""Counters of `api.metrics.Metrics` charted as rates; registry name `dispatch_<name>`."""
+"""Counters of `dispatch.api.metrics.Metrics` charted as rates; registry name `dispatch_<name>`."""
 
 HISTOGRAMS = {
     "dispatch": "dispatch_dispatch_latency_seconds",

@@ -1,13 +1,13 @@
 """Broker kill benchmark: `kill -9` one broker of a 3-node KRaft cluster under load, again and
 again, and time how long the dispatcher stops completing jobs.
 
-    .venv/bin/python -m bench.broker_kill_bench                 # 5 kills of a random broker
-    .venv/bin/python -m bench.broker_kill_bench --kills 10 --seed 3 --json out.json
+    .venv/bin/python -m dispatch.bench.broker_kill_bench                # 5 kills of a random broker
+    .venv/bin/python -m dispatch.bench.broker_kill_bench --kills 10 --seed 3 --json out.json
 
 A real local stack (`LocalStack` with `kafka.brokers = 3`, `StackPlan(streaming=False,
 workers=0)`: three combined broker+controller nodes, the topics at replication factor 3 and
 min ISR 2, and two `dispatch serve` processes sharing the lease table) in a temporary folder
-on free ports. The load is `bench.restart_bench.Load`: one submitter thread POSTing one job
+on free ports. The load is `dispatch.bench.restart_bench.Load`: one submitter thread POSTing one job
 every `--every` seconds to whichever node answers, and one REST worker thread that long-polls
 and acks every assignment at once, noting when each ack was accepted (a job completed: the
 leader answers an ack once its transaction committed).
@@ -21,7 +21,7 @@ round waits until every partition has all three replicas in sync again
 partition below min ISR: Kafka then refuses writes, rightly).
 
 At the end the submitter stops and the committed log is replayed into an empty core
-(`bench.failover_bench.wait_all_succeeded`) until every accepted job is `succeeded` there
+(`dispatch.bench.failover_bench.wait_all_succeeded`) until every accepted job is `succeeded` there
 (jobs whose ack met a failed commit wait for their ack deadline first): nothing lost means
 every accepted job succeeded, nothing twice means no job has two `Completed` events.
 """
@@ -43,16 +43,16 @@ from typing import Any
 
 from kafka import KafkaAdminClient
 
-from bench.failover_bench import (
+from dispatch.bench.failover_bench import (
     Outcome,
     distinct_free_ports,
     p50_max,
     running_stack,
     wait_all_succeeded,
 )
-from bench.restart_bench import Load, wait_for
-from bench.signals import unwinds_on_sigterm
-from bench.stats import machine
+from dispatch.bench.restart_bench import Load, wait_for
+from dispatch.bench.signals import unwinds_on_sigterm
+from dispatch.bench.stats import machine
 from dispatch.settings import Settings, load_settings
 from dispatch.stack.broker import Broker, wait_in_sync
 from dispatch.stack.local import LocalStack
@@ -205,7 +205,8 @@ def run(
 @unwinds_on_sigterm
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.broker_kill_bench", description=(__doc__ or "").split("\n\n")[0]
+        prog="python -m dispatch.bench.broker_kill_bench",
+        description=(__doc__ or "").split("\n\n")[0],
     )
     parser.add_argument("--kills", type=int, default=5, help="brokers killed, one per round")
     parser.add_argument("--seed", type=int, default=1, help="which brokers (random.Random)")

@@ -1,14 +1,15 @@
 """Chaos run: a known job mix at a steady rate through a real stack while faults are injected,
 then Jepsen-style safety counts and liveness figures (issue 13).
 
-    .venv/bin/python -m bench.chaos                                  # 6,000 jobs at 150/s
-    .venv/bin/python -m bench.chaos --jobs 300 --rate 20 --faults leader,worker --json out.json
-    .venv/bin/python -m bench.chaos --json -                        # JSON on stdout, no table
+    .venv/bin/python -m dispatch.bench.chaos                                  # 6,000 jobs at 150/s
+    .venv/bin/python -m dispatch.bench.chaos --jobs 300 --rate 20 --faults leader,worker --json
+    out.json .venv/bin/python -m dispatch.bench.chaos --json -                     # JSON on stdout,
+    no table
 
 **The stack.** `LocalStack` (broker, topics, streaming fold, two API nodes) in a temporary
-folder on free ports (`chaos_stack`), plus `--workers` worker processes of `bench.chaos_worker`
-(WebSocket SDK workers, `--slots` each) that write every attempt they run to a file: the
-worker side of the counts.
+folder on free ports (`chaos_stack`), plus `--workers` worker processes of
+`dispatch.bench.chaos_worker` (WebSocket SDK workers, `--slots` each) that write every attempt they
+run to a file: the worker side of the counts.
 
 **The load.** `--jobs` planned jobs, `--rate` per second, in a batch every 100 ms (open loop):
 successes, retryable failures (succeed on attempt 2), permanent failures (dead-lettered),
@@ -56,7 +57,7 @@ from typing import Any
 
 import httpx
 
-from bench.chaos_audit import (
+from dispatch.bench.chaos_audit import (
     DEFAULT_FAULTS,
     FAULT_KINDS,
     TERMINAL,
@@ -78,7 +79,7 @@ from bench.chaos_audit import (
     verdict,
     wrong_states,
 )
-from bench.signals import unwinds_on_sigterm
+from dispatch.bench.signals import unwinds_on_sigterm
 from dispatch.event_records import decode_batch
 from dispatch.settings import Settings, to_environment
 from dispatch.stack.local import DISPATCH, LocalStack
@@ -88,7 +89,7 @@ from dispatch.warehouse import Warehouse
 
 CANARY_PRIORITY = 1000
 BATCH_EVERY_S = 0.1
-WORKER_APP = "bench.chaos_worker:app"
+WORKER_APP = "dispatch.bench.chaos_worker:app"
 
 # --- the load ------------------------------------------------------------------------------------
 
@@ -184,7 +185,7 @@ class Load:
 
 
 class WorkerFleet:
-    """`count` processes of `bench.chaos_worker`, each a managed process (pid file)."""
+    """`count` processes of `dispatch.bench.chaos_worker`, each a managed process (pid file)."""
 
     def __init__(
         self, settings: Settings, urls: Sequence[str], key: str, count: int, slots: int,
@@ -294,7 +295,7 @@ class Chaos:
 
     # the leader
     def leader(self, timeout_s: float = 90.0) -> tuple[Any, int]:
-        from bench.failover_bench import find_leader
+        from dispatch.bench.failover_bench import find_leader
 
         deadline = time.monotonic() + timeout_s
         while True:
@@ -356,7 +357,7 @@ class Chaos:
         return fault
 
     def _leader(self, number: int, started: float, _fleet: WorkerFleet) -> FaultRecord:
-        from bench.failover_bench import kill_9
+        from dispatch.bench.failover_bench import kill_9
 
         node, epoch = self.leader()
         fault = self._record("leader", started, f"{node.url} epoch {epoch}", number)
@@ -598,7 +599,7 @@ class ChaosResult:
 def chaos_settings(scratch: Path, profile: str = "") -> Settings:
     """The failover benchmark's stack settings (free ports, no per-client cap), with short
     ack deadlines so that what a dead leader or worker held comes back within the run."""
-    from bench.failover_bench import cluster_profile_settings, stack_settings
+    from dispatch.bench.failover_bench import cluster_profile_settings, stack_settings
 
     if profile not in ("", "cluster"):
         raise ValueError(f"unknown profile {profile!r}: expected cluster or none")
@@ -611,7 +612,7 @@ def chaos_settings(scratch: Path, profile: str = "") -> Settings:
 
 @contextlib.contextmanager
 def chaos_stack(settings: Settings) -> Iterator[LocalStack]:
-    """The failover benchmark's stack (`bench.failover_bench.running_stack`: the brokers,
+    """The failover benchmark's stack (`dispatch.bench.failover_bench.running_stack`: the brokers,
     topics, the streaming fold, the nodes), ended sooner: the fold and, once the nodes
     stopped, the brokers are killed before `down`. The fold's orderly stop finishes the
     batch in hand and rolls up the statistics, the brokers' is a controlled shutdown, both
@@ -860,7 +861,7 @@ def _s(value: float | None) -> str:
 @unwinds_on_sigterm
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.chaos", description=__doc__.split("\n\n")[0]
+        prog="python -m dispatch.bench.chaos", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--jobs", type=int, help="planned jobs (default: rate x duration, 6000)")
     parser.add_argument("--rate", type=float, default=150.0, help="jobs submitted per second")

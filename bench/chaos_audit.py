@@ -1,5 +1,5 @@
-"""The chaos run's pure parts (`bench.chaos`): the job mix and what each job must end in, the
-counts over the events log and the workers' run files, and the verdict.
+"""The chaos run's pure parts (`dispatch.bench.chaos`): the job mix and what each job must end in,
+the counts over the events log and the workers' run files, and the verdict.
 
 Nothing here touches a process, a socket or the clock: the run gathers the facts, these
 functions count them (tests/unit/test_chaos_audit.py).
@@ -217,7 +217,7 @@ KILL_SETTLE_WINDOW_S = 5.0
 
 
 def audit_runs(lines: Iterable[Mapping[str, Any]], killed: Mapping[int, float]) -> RunsAudit:
-    """The workers' run records (`bench.chaos_worker`): `killed` is pid -> kill time."""
+    """The workers' run records (`dispatch.bench.chaos_worker`): `killed` is pid -> kill time."""
     successes: dict[str, list[tuple[float, int]]] = defaultdict(list)
     overruns = 0
     started = 0

@@ -1,4 +1,5 @@
-"""The worker app of the chaos run (`bench.chaos`): `dispatch worker --app bench.chaos_worker:app`.
+"""The worker app of the chaos run (`dispatch.bench.chaos`): `dispatch worker --app
+dispatch.bench.chaos_worker:app`.
 
 Every attempt a handler runs is written down on the worker's side, one JSON line per start and
 per end, in `$CHAOS_RECORD_DIR/runs-<pid>.jsonl` (appended and flushed line by line, so a
@@ -23,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from worker.jobs import Assignment, PermanentError, Retry
-from worker.sdk import WorkerApp
+from dispatch.worker.jobs import Assignment, PermanentError, Retry
+from dispatch.worker.sdk import WorkerApp
 
 RECORD_DIR_VARIABLE = "CHAOS_RECORD_DIR"
 SLOTS_VARIABLE = "CHAOS_SLOTS"

@@ -1,8 +1,8 @@
 """Micro-benchmark of the pure dispatcher core (no Kafka, Spark or HTTP).
 
-    .venv/bin/python -m bench.core_bench            # everything, about 2-4 minutes
-    .venv/bin/python -m bench.core_bench --quick    # small sizes, a smoke run
-    .venv/bin/python -m bench.core_bench --json     # one JSON object instead of text
+    .venv/bin/python -m dispatch.bench.core_bench            # everything, about 2-4 minutes
+    .venv/bin/python -m dispatch.bench.core_bench --quick    # small sizes, a smoke run
+    .venv/bin/python -m dispatch.bench.core_bench --json     # one JSON object instead of text
 
 What it measures, on one core:
 - baseline: the simplest loop a queue could be (dict insert + deque append/popleft + dict
@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from bench import stats
+from dispatch.bench import stats
 from dispatch.core import Assigned, CoreConfig, Dispatcher, SubmitRequest
 
 T0 = 1_700_000_000.0
@@ -265,7 +265,7 @@ def memory_child(n: int) -> dict[str, float]:
 
 def bench_memory(n: int) -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.core_bench", "--memory-child", str(n)],
+        [sys.executable, "-m", "dispatch.bench.core_bench", "--memory-child", str(n)],
         check=True,
         capture_output=True,
         text=True,
@@ -288,7 +288,7 @@ def run_all(quick: bool) -> dict[str, Any]:
     results["cycle_mixed_s"] = bench_cycles_mixed(n)
     # The same two runs with the cyclic GC's thresholds raised for throughput: the jobs held
     # are long-lived, and default thresholds rescan them over and over. (The node uses
-    # smaller ones, `api.server.GC_THRESHOLDS`, for short pauses.)
+    # smaller ones, `dispatch.api.server.GC_THRESHOLDS`, for short pauses.)
     thresholds = gc.get_threshold()
     gc.set_threshold(*GC_TUNED)
     try:

@@ -38,10 +38,10 @@ import httpx
 import websockets
 from kafka import KafkaConsumer, KafkaProducer
 
-from api.kafka_log import replay_events
-from bench.signals import unwinds_on_sigterm
-from bench.stats import machine, percentiles
+from dispatch.api.kafka_log import replay_events
 from dispatch.auth import ensure_dev_keys
+from dispatch.bench.signals import unwinds_on_sigterm
+from dispatch.bench.stats import machine, percentiles
 from dispatch.core.events import Assigned, Completed
 from dispatch.settings import Settings, to_environment
 from dispatch.stack.broker import Broker, create_topics
@@ -191,7 +191,8 @@ def raw_kafka_rate(settings: Settings, count: int, payload_bytes: int) -> float:
 
 class Load:
     """Submits `jobs` no-op jobs from `clients` concurrent submitters (a process of their own,
-    `bench.submitters`) and runs `workers` WebSocket workers in this process that ack them."""
+    `dispatch.bench.submitters`) and runs `workers` WebSocket workers in this process that ack
+    them."""
 
     def __init__(self, url: str, keys: dict[str, str], *, jobs: int, workers: int, batch: int,
                  clients: int, payload_bytes: int, rate: float | None, warmup_jobs: int = 0,
@@ -205,7 +206,7 @@ class Load:
         self._expected = 0
         self.done = asyncio.Event()
         self.submitted: dict[str, Any] = {}
-        """The measured phase's submitters' report (`bench.submitters`)."""
+        """The measured phase's submitters' report (`dispatch.bench.submitters`)."""
         self.warmup_submitted: dict[str, Any] = {}
         self.sdk_submitted: dict[str, Any] = {}
 
@@ -250,7 +251,7 @@ class Load:
                 "jobs": count, "clients": self.clients, "batch": self.batch,
                 "payload_bytes": self.payload_bytes, "rate": self.rate, "sdk": sdk}  # fmt: skip
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.submitters",
+            sys.executable, "-m", "dispatch.bench.submitters",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip

@@ -1,8 +1,9 @@
 """Failover benchmark: `kill -9` the leader under load, time until the standby serves.
 
-    .venv/bin/python -m bench.failover_bench                    # 10 kills, then the rebuild
-    .venv/bin/python -m bench.failover_bench --kills 10 --skip-rebuild --json out.json
-    .venv/bin/python -m bench.failover_bench --skip-failover    # = python -m bench.rebuild_bench
+    .venv/bin/python -m dispatch.bench.failover_bench                   # 10 kills, then the rebuild
+    .venv/bin/python -m dispatch.bench.failover_bench --kills 10 --skip-rebuild --json out.json
+    .venv/bin/python -m dispatch.bench.failover_bench --skip-failover  # = python -m
+    dispatch.bench.rebuild_bench
 
 **Failover.** A real local stack (`LocalStack`, `StackPlan(streaming=True, workers=0)`) in a
 temporary folder on free ports: the broker, the streaming fold and two `dispatch serve`
@@ -30,7 +31,7 @@ jobs the dead leader assigned but never delivered count as in flight until their
 and the one client of the load would otherwise hit the cap of 100 and measure the cap, not
 the failover.
 
-**Rebuild.** See `bench.rebuild_bench` (run after the failover unless `--skip-rebuild`).
+**Rebuild.** See `dispatch.bench.rebuild_bench` (run after the failover unless `--skip-rebuild`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from typing import Any
 
 import httpx
 
-from bench.signals import unwinds_on_sigterm
+from dispatch.bench.signals import unwinds_on_sigterm
 from dispatch.settings import Settings, load_settings
 from dispatch.stack.local import ApiNode, LocalStack
 from dispatch.stack.plan import StackPlan
@@ -133,7 +134,7 @@ def _log_time(line: str) -> float | None:
 
 def term_log(text: str, epoch: int) -> TermLog:
     """Parse the election's "took the lease" line and the leader's "rebuilt from" line of
-    the term whose epoch is `epoch` (api.election, api.leader)."""
+    the term whose epoch is `epoch` (dispatch.api.election, dispatch.api.leader)."""
     taken_at: float | None = None
     rebuilt = re.compile(
         rf"epoch {epoch}, rebuilt from (.+) \+ (\d+) batches of the log in ([\d.]+)s$"
@@ -473,7 +474,7 @@ class Outcome:
 def outcome_in_log(settings: Settings, accepted: Sequence[str]) -> Outcome:
     """The committed log replayed into an empty core (the fence applied, as a new leader
     does): how many accepted jobs are succeeded, and completions per job."""
-    from api.kafka_log import replay_events
+    from dispatch.api.kafka_log import replay_events
     from dispatch.core.dispatcher import Dispatcher
     from dispatch.core.events import Completed
 
@@ -572,10 +573,10 @@ def run_failover(
 
 @unwinds_on_sigterm
 def main(argv: list[str] | None = None) -> int:
-    from bench import rebuild_bench
+    from dispatch.bench import rebuild_bench
 
     parser = argparse.ArgumentParser(
-        prog="python -m bench.failover_bench", description=__doc__.split("\n\n")[0]
+        prog="python -m dispatch.bench.failover_bench", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--kills", type=int, default=10, help="failover rounds")
     parser.add_argument("--rate", type=float, default=200.0, help="jobs/s submitted")

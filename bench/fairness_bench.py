@@ -1,7 +1,7 @@
 """Fairness evidence: one tenant floods at 100x the others' rate; what the others wait.
 
-    .venv/bin/python -m bench.fairness_bench                       # the defaults below
-    .venv/bin/python -m bench.fairness_bench --light 4 --rate 1 --flood-factor 100 --json
+    .venv/bin/python -m dispatch.bench.fairness_bench                       # the defaults below
+    .venv/bin/python -m dispatch.bench.fairness_bench --light 4 --rate 1 --flood-factor 100 --json
 
 A discrete-event simulation on a virtual clock (no Kafka, no HTTP, no wall time): Poisson
 arrivals per tenant, a fleet of `--workers` workers with `--slots` slots each, every job
@@ -263,7 +263,7 @@ def render(workload: Workload, results: dict[str, dict[str, Waits]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.fairness_bench", description=(__doc__ or "").split("\n\n")[0]
+        prog="python -m dispatch.bench.fairness_bench", description=(__doc__ or "").split("\n\n")[0]
     )
     defaults = Workload()
     parser.add_argument("--light", type=int, default=defaults.light, help="light tenants")

@@ -1,12 +1,12 @@
 """What the fold's poison-record checks cost: the writer's plan steps on one batch, no I/O.
 
-    .venv/bin/python -m bench.fold_guard_bench                 # 5,000 jobs, best of 25
-    .venv/bin/python -m bench.fold_guard_bench --jobs 20000 --repeat 9
+    .venv/bin/python -m dispatch.bench.fold_guard_bench                 # 5,000 jobs, best of 25
+    .venv/bin/python -m dispatch.bench.fold_guard_bench --jobs 20000 --repeat 9
 
 One batch as the leader logs it: N jobs submitted, assigned and completed (3 events a job, in
 records of at most 256 KiB). Each step of `BatchWriter._plan` is timed alone, best of
 `--repeat` runs (the best is the least disturbed by other processes on a shared machine):
-`decode` (records -> events), `screen` (`streaming.guard.event_problem` on every event: the
+`decode` (records -> events), `screen` (`dispatch.streaming.guard.event_problem` on every event: the
 check this costs), `fence`, `fold`. The screen's share of the plan is the overhead; the
 batch's Delta commits (hundreds of milliseconds, BENCHMARKS.md) are not included.
 """
@@ -23,8 +23,8 @@ from dispatch.core.config import CoreConfig
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import Assigned, Event
 from dispatch.event_records import encode_batches
-from streaming.decode import KafkaRow, decode_events, screen_events
-from streaming.fold import fence_batch, fold_batch
+from dispatch.streaming.decode import KafkaRow, decode_events, screen_events
+from dispatch.streaming.fold import fence_batch, fold_batch
 
 
 def batch_records(jobs: int) -> tuple[list[KafkaRow], int]:

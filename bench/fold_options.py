@@ -1,8 +1,9 @@
 """Which Spark mechanism could run the per-job fold on executors, measured against the driver.
 
-    .venv/bin/python -m bench.fold_options                     # 100, 30,000 and 150,000 events
-    .venv/bin/python -m bench.fold_options --events 30000 --json
-    PYTHONPATH=/tmp/tws_deps .venv/bin/python -m bench.fold_options   # with protobuf for TWS
+    .venv/bin/python -m dispatch.bench.fold_options                 # 100, 30,000 and 150,000 events
+    .venv/bin/python -m dispatch.bench.fold_options --events 30000 --json
+    PYTHONPATH=/tmp/tws_deps .venv/bin/python -m dispatch.bench.fold_options  # with protobuf for
+    TWS
 
 One batch as the leader logs it: about N/3.1 jobs submitted, assigned to a worker with enough credit
 and acked by the real core (`dispatch.core.dispatcher.Dispatcher`); every 10th job fails once

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from bench import stats
+from dispatch.bench import stats
 from dispatch.core.events import Assigned, Completed, Enqueued
 
 WINDOW_S = 10.0
@@ -27,7 +27,7 @@ CATCH_UP_WAIT_S = 120.0
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
-    """`bench.stats.percentiles` in seconds, with the sample count."""
+    """`dispatch.bench.stats.percentiles` in seconds, with the sample count."""
     if not values:
         return {}
     return {**stats.percentiles(values, scale=1.0, digits=3), "n": len(values)}

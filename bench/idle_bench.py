@@ -1,6 +1,6 @@
 """What an idle stack costs: the CPU each of its processes uses while nothing happens.
 
-    .venv/bin/python -m bench.idle_bench [--seconds 30] [--streaming] [--workers N]
+    .venv/bin/python -m dispatch.bench.idle_bench [--seconds 30] [--streaming] [--workers N]
 
 Starts a local stack on a temporary folder and free ports (`LocalStack.up`, what
 `dispatch up --detach` runs: a broker, a leader and a standby node, with `--streaming` the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.signals import sigterm_unwinds
+from dispatch.bench.signals import sigterm_unwinds
 from dispatch.settings import Settings, load_settings
 from dispatch.stack.local import LocalStack
 from dispatch.stack.plan import StackPlan

@@ -1,17 +1,17 @@
 """JVM start-up: what the class-data-sharing archives and the client compiler save
 (docs/deployment.md, *JVM start-up*).
 
-    .venv/bin/python -m bench.jvm_start_bench [--rounds 3]
+    .venv/bin/python -m dispatch.bench.jvm_start_bench [--rounds 3]
 
 Two measurements, each in a fresh process (so a fresh JVM) on a temporary stack:
 - **broker**: `Broker.start` until it answers metadata, then the first transaction and a
-  consumer group's commit (`streaming.class_training.broker_workload`);
+  consumer group's commit (`dispatch.streaming.class_training.broker_workload`);
 - **spark**: `spark_session` until the session exists, then the first Delta write, MERGE and
-  read by Spark (`streaming.class_training.delta_workload`).
+  read by Spark (`dispatch.streaming.class_training.delta_workload`).
 
 Four variants of each (neither, the archive, the client compiler, both), interleaved round by
 round so that a change in the machine's speed hits them all alike; the medians are printed.
-The archives must exist (`python -m streaming.class_training`).
+The archives must exist (`python -m dispatch.streaming.class_training`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.signals import unwinds_on_sigterm
+from dispatch.bench.signals import unwinds_on_sigterm
 from dispatch.settings import ENV_PREFIX, Settings, load_settings
 from dispatch.stack.ports import free_port
 
@@ -53,7 +53,7 @@ def _scratch_settings(scratch: Path) -> Settings:
 
 def measure_broker(scratch: Path) -> dict[str, float]:
     from dispatch.stack.broker import Broker, create_topics
-    from streaming.class_training import broker_workload
+    from dispatch.streaming.class_training import broker_workload
 
     settings = _scratch_settings(scratch)
     started = time.monotonic()
@@ -70,8 +70,8 @@ def measure_broker(scratch: Path) -> dict[str, float]:
 
 
 def measure_spark(scratch: Path) -> dict[str, float]:
-    from streaming.class_training import delta_workload
-    from streaming.session import spark_session
+    from dispatch.streaming.class_training import delta_workload
+    from dispatch.streaming.session import spark_session
 
     settings = _scratch_settings(scratch)
     started = time.monotonic()
@@ -94,7 +94,7 @@ def run_one(target: str, variant: str) -> dict[str, float]:
             for key, on in VARIANTS[variant].items()
         },
     }
-    command = [sys.executable, "-m", "bench.jvm_start_bench", "--one", target]
+    command = [sys.executable, "-m", "dispatch.bench.jvm_start_bench", "--one", target]
     # A JVM that never answers must not hold the benchmark: run() kills it at the timeout.
     done = subprocess.run(
         command, env=environment, capture_output=True, text=True, check=False,
@@ -108,7 +108,9 @@ def run_one(target: str, variant: str) -> dict[str, float]:
 
 @unwinds_on_sigterm
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.jvm_start_bench", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m dispatch.bench.jvm_start_bench", description=__doc__
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--targets", default=",".join(TARGETS))
     parser.add_argument("--one", choices=TARGETS, help=argparse.SUPPRESS)

@@ -1,9 +1,9 @@
 """Lease failover benchmark: SIGKILL the process holding the Delta-table lease, again and again,
 and time how long a standby takes to hold it, on object storage and on local disk.
 
-    .venv/bin/python -m bench.lease_failover_bench                  # 12 kills per backend
-    .venv/bin/python -m bench.lease_failover_bench --kills 20 --ttl 3 --renew 0.5 --seed 2
-    .venv/bin/python -m bench.lease_failover_bench --backends s3 --json out.json
+    .venv/bin/python -m dispatch.bench.lease_failover_bench                  # 12 kills per backend
+    .venv/bin/python -m dispatch.bench.lease_failover_bench --kills 20 --ttl 3 --renew 0.5 --seed 2
+    .venv/bin/python -m dispatch.bench.lease_failover_bench --backends s3 --json out.json
 
 The object store is a real S3-compatible server on loopback (S3Proxy, tests/s3_server.py, in a
 temporary folder; credentials and endpoint go through `dispatch.storage.storage_options` as in
@@ -133,7 +133,7 @@ def _start_holder(
     location: str, name: str, args: argparse.Namespace, options: dict[str, str]
 ) -> subprocess.Popen[str]:
     command = [
-        sys.executable, "-m", "bench.lease_failover_bench", "holder",
+        sys.executable, "-m", "dispatch.bench.lease_failover_bench", "holder",
         "--location", location, "--name", name,
         "--ttl", str(args.ttl_s), "--renew", str(args.renew_s), "--margin", str(args.margin_s),
     ]  # fmt: skip
@@ -233,7 +233,7 @@ def _summary(label: str, measured: tuple[list[Round], list[float]]) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.lease_failover_bench")
+    parser = argparse.ArgumentParser(prog="python -m dispatch.bench.lease_failover_bench")
     parser.add_argument("role", nargs="?", default="bench", choices=["bench", "holder"])
     parser.add_argument("--kills", type=int, default=12)
     parser.add_argument("--hold", type=float, default=1.2, help="seconds held before the kill")

@@ -1,9 +1,9 @@
 """Peer comparison: Celery and Dramatiq on Redis beside `dispatch bench`, in one run.
 
     .venv/bin/pip install -c constraints.txt -e '.[peers]'   # celery, dramatiq, redis-py
-    .venv/bin/python -m bench.peers         # --jobs 20000 --dispatch-clients 64
-    .venv/bin/python -m bench.peers --skip-dispatch --jobs 2000   # the peers only, a smoke run
-    .venv/bin/python -m bench.peers --json
+    .venv/bin/python -m dispatch.bench.peers         # --jobs 20000 --dispatch-clients 64
+    .venv/bin/python -m dispatch.bench.peers --skip-dispatch --jobs 2000  # the peers only, a smoke
+    run .venv/bin/python -m dispatch.bench.peers --json
 
 The protocol for each peer (the figures only compare within one run, on one machine, so the
 machine, its load at the start and the end, and the versions are printed with them):
@@ -44,9 +44,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import stats
-from bench.peer_tasks.redis_server import RedisUnavailable, find_redis
-from bench.peer_tasks.runner import PeerResult, run_peers, tail
+from dispatch.bench import stats
+from dispatch.bench.peer_tasks.redis_server import RedisUnavailable, find_redis
+from dispatch.bench.peer_tasks.runner import PeerResult, run_peers, tail
 
 REPO = Path(__file__).resolve().parent.parent
 DISPATCH = str(Path(sys.executable).parent / "dispatch")
@@ -224,7 +224,7 @@ def report(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.peers", description=__doc__.split("\n")[0]
+        prog="python -m dispatch.bench.peers", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per run (default 20000)")
     parser.add_argument("--dispatch-clients", type=int, default=64, help="dispatch bench --clients")

@@ -9,7 +9,7 @@ measures both for the two clients on the same broker, in the same run:
 - *64 outstanding*: keep 64 records waiting, send the next as each one is acknowledged
   (64 concurrent single-job requests).
 
-Run: `.venv/bin/python -m bench.producer_bench [--records N] [--json]`. It uses the local
+Run: `.venv/bin/python -m dispatch.bench.producer_bench [--records N] [--json]`. It uses the local
 stack's broker if one answers, else starts a temporary one.
 """
 
@@ -26,8 +26,8 @@ from typing import Any
 from confluent_kafka import Producer
 from kafka import KafkaProducer
 
-from bench.e2e import broker_for
-from bench.stats import machine, percentiles, steal_percent
+from dispatch.bench.e2e import broker_for
+from dispatch.bench.stats import machine, percentiles, steal_percent
 from dispatch.settings import Settings
 from dispatch.stack.broker import create_topics
 

@@ -1,7 +1,7 @@
 """Rebuild benchmark: how long a new leader takes to start over a large history.
 
-    .venv/bin/python -m bench.rebuild_bench                    # 1M finished + 10k active
-    .venv/bin/python -m bench.rebuild_bench --history 20000 --repeats 1   # a quick check
+    .venv/bin/python -m dispatch.bench.rebuild_bench                    # 1M finished + 10k active
+    .venv/bin/python -m dispatch.bench.rebuild_bench --history 20000 --repeats 1   # a quick check
 
 Everything runs on a temporary broker (free ports) and a temporary warehouse.
 
@@ -9,7 +9,7 @@ Everything runs on a temporary broker (free ports) and a temporary warehouse.
 go to `dispatch.events` as records of one simulated leader iteration each (50 ms apart):
 `--history` jobs submitted at `--history-rate` jobs/s by 50 clients, each assigned to one of
 8 workers and acked by the next iteration. The real streaming fold
-(`streaming.app.run(..., available_now=True)`, batches of `--fold-records` records) folds
+(`dispatch.streaming.app.run(..., available_now=True)`, batches of `--fold-records` records) folds
 that into Delta, and `jobs` is compacted by the application's own maintenance (as the running
 application does every 10 minutes). Then, at the wall clock, `--queued` + `--running` active
 jobs (the workers' credit covers exactly `--running` of them, and `default_cap` 100 times 50
@@ -20,7 +20,7 @@ queued ones are assigned, as many new ones are submitted.
 
 **Measure.** In a fresh process (a new leader's process holds nothing of the build), with the
 modules a standby node has loaded already imported and its GC thresholds: `--repeats` real
-`api.leader.Leader` terms are started (`start()`: fence, snapshot, restore, tail replay,
+`dispatch.api.leader.Leader` terms are started (`start()`: fence, snapshot, restore, tail replay,
 `leader_elected` commit) and stopped; one more under cProfile (unless `--no-profile`); then
 each step alone: `latest_snapshot`, `Dispatcher.restore`, the tail's replay, `EventLog`
 initialisation; and, as the baseline, the rebuild without a snapshot: the whole log replayed
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from kafka import KafkaProducer
     from pyspark.sql import SparkSession
 
-    from api.leader import Leader
+    from dispatch.api.leader import Leader
 
 GROUP = "default"
 EXEC = "bench.noop"
@@ -276,7 +276,7 @@ def events_end(settings: Settings) -> dict[int, int]:
 
 def fold(spark: SparkSession, settings: Settings, fold_records: int) -> FoldRun:
     """The real streaming application over what the topics hold now (available now)."""
-    from streaming.app import StreamOptions, run
+    from dispatch.streaming.app import StreamOptions, run
 
     options = StreamOptions(max_offsets_per_trigger=fold_records, maintenance=None)
     started = time.perf_counter()
@@ -295,7 +295,7 @@ def fold(spark: SparkSession, settings: Settings, fold_records: int) -> FoldRun:
 def compact_jobs(spark: SparkSession, settings: Settings) -> float:
     """`jobs` compacted by the application's maintenance, as the running stream does."""
     from dispatch.delta import tables as t
-    from streaming.maintenance import Maintenance
+    from dispatch.streaming.maintenance import Maintenance
 
     started = time.perf_counter()
     Maintenance(Warehouse.of(settings)).optimize([t.JOBS])
@@ -431,19 +431,20 @@ class Measurement:
 
 def like_a_standby_node() -> None:
     """This process as `dispatch serve` has it before its first term: the modules a node
-    imports (and preloads in `Node.start`), and the GC thresholds `api.server.serve` sets."""
-    for module in ("api.node", "api.server", "dispatch.lease"):
+    imports (and preloads in `Node.start`), and the GC thresholds `dispatch.api.server.serve`
+    sets."""
+    for module in ("dispatch.api.node", "dispatch.api.server", "dispatch.lease"):
         importlib.import_module(module)
-    from api.leader import preload_rebuild_modules
-    from api.server import GC_THRESHOLDS
+    from dispatch.api.leader import preload_rebuild_modules
+    from dispatch.api.server import GC_THRESHOLDS
 
     preload_rebuild_modules()
     gc.set_threshold(*GC_THRESHOLDS)
 
 
 def new_leader(settings: Settings, run: int) -> Leader:
-    from api.leader import Leader
-    from api.metrics import Metrics
+    from dispatch.api.leader import Leader
+    from dispatch.api.metrics import Metrics
 
     return Leader(
         settings, f"rebuild-bench-{run}", SilentListener(), Metrics(),
@@ -494,7 +495,7 @@ def profile_leader_start(settings: Settings, run: int, top: int = 30) -> str:
 
 def replay_into(core: Dispatcher, settings: Settings, start: dict[int, int] | None) -> ReplayRun:
     """`replay_events` + `apply_all`, as `Leader._replay` does, with the apply time apart."""
-    from api.kafka_log import replay_events
+    from dispatch.api.kafka_log import replay_events
 
     apply_s = 0.0
     records = events = 0
@@ -513,7 +514,7 @@ def replay_into(core: Dispatcher, settings: Settings, start: dict[int, int] | No
 
 
 def time_event_log_init(settings: Settings) -> Took:
-    from api.kafka_log import EventLog
+    from dispatch.api.kafka_log import EventLog
 
     with timed() as took:
         event_log = EventLog(settings.kafka, GROUP, client_id="rebuild-bench-fence")
@@ -588,7 +589,7 @@ def measure_in_fresh_process(settings: Settings, repeats: int, profile: bool) ->
 
 def bench_settings(base: Settings, scratch: Path) -> Settings:
     """The stack's settings with topics and folders of this run (`with_namespace`)."""
-    from bench.streaming_bench import with_namespace
+    from dispatch.bench.streaming_bench import with_namespace
 
     settings = with_namespace(base, "rebuild", scratch)
     auth = settings.auth.model_copy(
@@ -599,7 +600,7 @@ def bench_settings(base: Settings, scratch: Path) -> Settings:
 
 @contextlib.contextmanager
 def spark_for(settings: Settings) -> Iterator[SparkSession]:
-    from streaming.session import spark_session
+    from dispatch.streaming.session import spark_session
 
     spark = spark_session(settings, "dispatch-rebuild-bench")
     spark.sparkContext.setLogLevel("ERROR")
@@ -612,7 +613,7 @@ def spark_for(settings: Settings) -> Iterator[SparkSession]:
 def run_rebuild_bench(
     shape: Shape, *, fold_records: int, repeats: int, profile: bool
 ) -> dict[str, Any]:
-    from bench.streaming_bench import stack
+    from dispatch.bench.streaming_bench import stack
 
     results: dict[str, Any] = {"shape": asdict(shape), "machine_cores": multiprocessing.cpu_count()}
     with (
@@ -653,13 +654,13 @@ def shape_of(args: argparse.Namespace) -> Shape:
 def show_fold_progress() -> None:
     """The fold's one line per batch (records, events, seconds) on stderr."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("streaming.batch").setLevel(logging.INFO)
+    logging.getLogger("dispatch.streaming.batch").setLevel(logging.INFO)
     logging.getLogger("kafka").setLevel(logging.ERROR)  # "task ran for 0.1 s" on a busy machine
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.rebuild_bench", description=__doc__.split("\n\n")[0]
+        prog="python -m dispatch.bench.rebuild_bench", description=__doc__.split("\n\n")[0]
     )
     add_arguments(parser)
     parser.add_argument("--json", type=Path, help="also write the results here")

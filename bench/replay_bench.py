@@ -1,9 +1,9 @@
 """How fast one process replays a recorded history (`dispatch replay`, issue 17).
 
-    .venv/bin/python -m bench.replay_bench                  # ~1M recorded events
-    .venv/bin/python -m bench.replay_bench --events 100000  # a smaller run
-    .venv/bin/python -m bench.replay_bench --delta          # also write and read Delta `events`
-    .venv/bin/python -m bench.replay_bench --json
+    .venv/bin/python -m dispatch.bench.replay_bench                  # ~1M recorded events
+    .venv/bin/python -m dispatch.bench.replay_bench --events 100000  # a smaller run
+    .venv/bin/python -m dispatch.bench.replay_bench --delta     # also write and read Delta `events`
+    .venv/bin/python -m dispatch.bench.replay_bench --json
 
 The synthetic history: jobs of 8 execs from 20 tenants arriving at ~80 % of a 50-worker
 fleet's capacity (4 slots each), run times drawn per exec, 2 % retried failures and 0.5 %

@@ -1,8 +1,8 @@
 """Broker restart benchmark: `kill -9` the Kafka broker under a light load, start it again, and
 time how long the API nodes take to serve once it answers.
 
-    .venv/bin/python -m bench.restart_bench                     # 3 rounds, broker down 3 s
-    .venv/bin/python -m bench.restart_bench --rounds 5 --down 10 --json out.json
+    .venv/bin/python -m dispatch.bench.restart_bench                     # 3 rounds, broker down 3 s
+    .venv/bin/python -m dispatch.bench.restart_bench --rounds 5 --down 10 --json out.json
 
 A real local stack (`LocalStack`, `StackPlan(streaming=False, workers=0)`: the broker, its
 topics and two `dispatch serve` processes sharing the lease table) in a temporary folder on
@@ -36,8 +36,8 @@ from typing import Any
 
 import httpx
 
-from bench.failover_bench import stack_settings
-from bench.signals import unwinds_on_sigterm
+from dispatch.bench.failover_bench import stack_settings
+from dispatch.bench.signals import unwinds_on_sigterm
 from dispatch.stack.local import LocalStack
 from dispatch.stack.plan import StackPlan
 
@@ -244,7 +244,7 @@ def run(rounds: int, *, down_s: float, every_s: float, settle_s: float) -> list[
 @unwinds_on_sigterm
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.restart_bench", description=(__doc__ or "").split("\n\n")[0]
+        prog="python -m dispatch.bench.restart_bench", description=(__doc__ or "").split("\n\n")[0]
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--down", type=float, default=3.0, help="seconds the broker stays dead")

@@ -1,7 +1,7 @@
 """A benchmark stopped with SIGTERM (`kill PID`, a CI step's timeout) must stop what it started,
 as one stopped with Ctrl-C does. Python's default SIGTERM ends the process on the spot,
 skipping every `finally`: the broker, the Spark driver or the stack a benchmark started kept
-running after it (seen with `bench.streaming_bench`)."""
+running after it (seen with `dispatch.bench.streaming_bench`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """Streaming benchmark: freshness of the Delta tables, and a batch's cost against the history
 and against the backlog of queued jobs.
 
-    .venv/bin/python -m bench.streaming_bench                       # freshness and MERGE cost
-    .venv/bin/python -m bench.streaming_bench --skip-merge --rate 1000 --duration 120
-    .venv/bin/python -m bench.streaming_bench --skip-freshness --history 10000,100000,1000000
-    .venv/bin/python -m bench.streaming_bench --skip-freshness --skip-merge --backlog 0,1000000
+    .venv/bin/python -m dispatch.bench.streaming_bench                    # freshness and MERGE cost
+    .venv/bin/python -m dispatch.bench.streaming_bench --skip-merge --rate 1000 --duration 120
+    .venv/bin/python -m dispatch.bench.streaming_bench --skip-freshness --history
+    10000,100000,1000000 .venv/bin/python -m dispatch.bench.streaming_bench --skip-freshness
+    --skip-merge --backlog 0,1000000
 
 Everything runs on a temporary broker (free ports) and a temporary warehouse.
 
@@ -69,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from bench.freshness_windows import (
+from dispatch.bench.freshness_windows import (
     CATCH_UP_WAIT_S,
     COUNTED,
     SeenEvent,
@@ -79,8 +80,8 @@ from bench.freshness_windows import (
     shortfalls,
     windows_of,
 )
-from bench.leader_emulator import EXECS, GROUP, Emulator, emulate_leader
-from bench.signals import unwinds_on_sigterm
+from dispatch.bench.leader_emulator import EXECS, GROUP, Emulator, emulate_leader
+from dispatch.bench.signals import unwinds_on_sigterm
 from dispatch.core.events import Event
 from dispatch.event_records import encode_batch
 from dispatch.settings import Settings, load_settings
@@ -242,8 +243,8 @@ def freshness(
     fold_on: str = "auto",
 ) -> FreshnessResult:
     from dispatch.delta.lag import streaming_lag
-    from streaming.app import StreamOptions, fold_place, start
-    from streaming.maintenance import MaintenancePolicy
+    from dispatch.streaming.app import StreamOptions, fold_place, start
+    from dispatch.streaming.maintenance import MaintenancePolicy
 
     settings = with_namespace(settings, f"fresh-{int(rate)}", settings.paths.var.parent)
     kafka = settings.kafka
@@ -482,8 +483,8 @@ class KafkaBatches:
     def __init__(self, spark: SparkSession, settings: Settings, name: str) -> None:
         from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-        from streaming.app import topics_of
-        from streaming.batch import BatchWriter
+        from dispatch.streaming.app import topics_of
+        from dispatch.streaming.batch import BatchWriter
 
         self.spark = spark
         self.kafka = settings.kafka
@@ -638,7 +639,7 @@ def bulk_backlog(
 
     from dispatch.delta import tables as t
     from dispatch.delta.job_rows import JobState, job_row
-    from streaming.maintenance import Maintenance
+    from dispatch.streaming.maintenance import Maintenance
 
     table = warehouse.open(t.JOBS)
     target = table.metadata().configuration.get("delta.targetFileSize")
@@ -785,7 +786,7 @@ def describe_backlog(results: Sequence[BacklogResult]) -> str:
 @unwinds_on_sigterm
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.streaming_bench", description=__doc__.split("\n\n")[0]
+        prog="python -m dispatch.bench.streaming_bench", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--rate", type=float, default=1000.0, help="jobs/s of the freshness run")
     parser.add_argument("--duration", type=float, default=120.0, help="measured seconds")
@@ -817,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-cores", type=int, default=1, help="cores per cluster worker")
     args = parser.parse_args(argv)
 
-    from streaming.session import spark_session
+    from dispatch.streaming.session import spark_session
 
     results: dict[str, Any] = {"machine_cores": multiprocessing.cpu_count()}
     with contextlib.ExitStack() as resources:

@@ -19,7 +19,8 @@ user's first script. In a process of its own, because in the bench's process it 
 the GIL with the bench's workers (their event loop wakes every 2 ms to flush acks), and each
 hand-off costs up to the 5 ms switch interval.
 
-Run as `python -m bench.submitters` with a JSON plan on stdin; prints a JSON report on stdout.
+Run as `python -m dispatch.bench.submitters` with a JSON plan on stdin; prints a JSON report on
+stdout.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 
 import uvloop
 
-from bench.stats import percentiles
+from dispatch.bench.stats import percentiles
 from dispatch.client import Client
 
 

@@ -65,7 +65,7 @@ def up(
         bool, typer.Option(help="Run the Structured Streaming fold into Delta.")
     ] = True,
     workers: Annotated[
-        int, typer.Option(min=0, max=64, help="Demo workers (worker.examples) to run.")
+        int, typer.Option(min=0, max=64, help="Demo workers (dispatch.worker.examples) to run.")
     ] = 0,
     profile: Annotated[
         str,
@@ -191,7 +191,7 @@ def serve(
     node_id: Annotated[str | None, typer.Option(help="Name of this node.")] = None,
 ) -> None:
     """Run one API node (leader of its dispatcher group) in the foreground."""
-    from api.server import serve as serve_node
+    from dispatch.api.server import serve as serve_node
 
     serve_node(_settings(), port, node_id)
 
@@ -243,8 +243,8 @@ def bench(
     """End-to-end jobs/s and latency percentiles, beside raw kafka-python on the same broker."""
     import json
 
-    from bench.e2e import run_bench
-    from bench.stats import steal_percent
+    from dispatch.bench.e2e import run_bench
+    from dispatch.bench.stats import steal_percent
 
     result = run_bench(
         _settings(), jobs=jobs, workers=workers, batch=batch, payload_bytes=payload_bytes,
@@ -299,8 +299,8 @@ def bench(
 def streaming(context: typer.Context) -> None:
     """Run the Structured Streaming fold (Kafka -> Delta) in the foreground until Ctrl-C.
 
-    Options pass through to `python -m streaming.app` (e.g. `--available-now`)."""
-    from streaming.app import main as streaming_main
+    Options pass through to `python -m dispatch.streaming.app` (e.g. `--available-now`)."""
+    from dispatch.streaming.app import main as streaming_main
 
     raise typer.Exit(streaming_main(_settings(), list(context.args)))
 
@@ -313,8 +313,9 @@ def chaos(context: typer.Context) -> None:
     """The stack under a known job mix and injected faults: Jepsen-style safety counts and
     liveness figures; exit 1 on any safety count or a slow canary.
 
-    Options pass through to `python -m bench.chaos` (`dispatch chaos --help` lists them)."""
-    from bench.chaos import main as chaos_main
+    Options pass through to `python -m dispatch.bench.chaos` (`dispatch chaos --help` lists
+    them)."""
+    from dispatch.bench.chaos import main as chaos_main
 
     raise typer.Exit(chaos_main(list(context.args)))
 
@@ -324,8 +325,39 @@ register_job_commands(app)
 register_replay_command(app)
 
 
+SERVER_PACKAGES = frozenset(
+    {
+        "pyspark",
+        "delta",
+        "kafka",
+        "confluent_kafka",
+        "deltalake",
+        "pyarrow",
+        "pandas",
+        "fastapi",
+        "uvicorn",
+        "pydantic_settings",
+        "prometheus_client",
+        "matplotlib",
+    }
+)
+"""The top-level packages of the `server` extra: the light install (clients and workers) has
+none of them, and a command that needs one says how to get it instead of a traceback."""
+
+
 def main() -> None:
-    sys.exit(app())
+    try:
+        sys.exit(app())
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] not in SERVER_PACKAGES:
+            raise
+        # typer.echo, not rich: rich wraps long lines, and an error stays one line.
+        typer.echo(
+            f"error: this command needs the server install ({error.name} is missing): "
+            "pip install 'dispatch[server]'",
+            err=True,
+        )
+        sys.exit(1)
 
 
 if __name__ == "__main__":

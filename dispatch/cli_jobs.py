@@ -394,7 +394,7 @@ def dlq_redrive(
 def load_app(reference: str) -> Any:
     """The WorkerApp at `module:attribute` (a callable there is called to make one). The
     current directory is importable, as with `python -m`."""
-    from worker.sdk import WorkerApp
+    from dispatch.worker.sdk import WorkerApp
 
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
@@ -445,7 +445,7 @@ def worker(
 ) -> None:
     """Run a worker process: take jobs for the app's handlers until SIGTERM or Ctrl-C."""
     from dispatch.client import DispatchError
-    from worker.sdk import RunOptions, WorkerError
+    from dispatch.worker.sdk import RunOptions, WorkerError
 
     if transport is not None and transport not in ("ws", "rest"):
         _fail(f"--transport: expected ws or rest, got {transport!r}", EXIT_USAGE)

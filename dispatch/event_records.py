@@ -11,7 +11,7 @@ Value: `{"v": 1, "group": str, "epoch": int, "submit": {partition: offset}, "eve
 `submit` (optional, on the last record of a leader's commit) is the leader's position in
 `dispatch.submit` once that commit is durable: for every partition, the offset of the next
 submission to read. It commits in the same transaction as the events, so a new leader resumes
-reading submissions exactly where the log's state ends (`api.kafka_log`).
+reading submissions exactly where the log's state ends (`dispatch.api.kafka_log`).
 """
 
 from __future__ import annotations

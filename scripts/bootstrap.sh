@@ -63,7 +63,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$stamp_value" ]; then
   pip_flags=(--disable-pip-version-check -q --cache-dir "$cache/pip")
   .venv/bin/python -m pip install "${pip_flags[@]}" --upgrade pip \
     || die "pip could not reach PyPI (no network?)"
-  .venv/bin/python -m pip install "${pip_flags[@]}" -c constraints.txt -e ".[dev]" \
+  .venv/bin/python -m pip install "${pip_flags[@]}" -c constraints.txt -e ".[server,dev]" \
     || die "pip install failed: see the lines above"
   echo "$stamp_value" > "$stamp"
 fi
@@ -74,6 +74,6 @@ fi
 # --- class-data-sharing archives: a third off every broker and Spark driver start -----------
 # Made once per set of jars (about two minutes: a broker and a Spark driver run and write the
 # classes they loaded); skipped when they exist. Without them every JVM still starts, slower.
-.venv/bin/python -m streaming.class_training >"$cache/class-training.log" 2>&1 \
+.venv/bin/python -m dispatch.streaming.class_training >"$cache/class-training.log" 2>&1 \
   || say "warning: no class-data-sharing archive was made (JVMs start slower); see $cache/class-training.log"
 say "ready: .venv and the jars in $cache"

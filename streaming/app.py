@@ -1,7 +1,7 @@
 """The Structured Streaming application: Kafka (three topics) -> Delta, exactly once.
 
-Run it alone with `python -m streaming.app` (settings from conf/ and the environment, see
-`dispatch.settings.to_environment`), or from the CLI with `streaming.app.main(settings)`.
+Run it alone with `python -m dispatch.streaming.app` (settings from conf/ and the environment, see
+`dispatch.settings.to_environment`), or from the CLI with `dispatch.streaming.app.main(settings)`.
 `run(settings, ...)` is the same without signal handling, for callers that own the process
 (and tests, which pass their own Spark session and `available_now=True`).
 
@@ -30,12 +30,12 @@ from dispatch.delta import tables as t
 from dispatch.delta.progress import latest_progress
 from dispatch.settings import Settings
 from dispatch.storage import Location, is_object_store, local_path
+from dispatch.streaming.batch import DRIVER, EXECUTORS, BatchWriter
+from dispatch.streaming.decode import Topics
+from dispatch.streaming.maintenance import Maintenance, MaintenancePolicy
+from dispatch.streaming.rollup import StatsRollup
+from dispatch.streaming.session import configure_object_storage, is_local
 from dispatch.warehouse import Warehouse
-from streaming.batch import DRIVER, EXECUTORS, BatchWriter
-from streaming.decode import Topics
-from streaming.maintenance import Maintenance, MaintenancePolicy
-from streaming.rollup import StatsRollup
-from streaming.session import configure_object_storage, is_local
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -184,7 +184,7 @@ def run(
 
     None when `stop` was set before the query started (a SIGTERM while the JVM started):
     the query is not started, rather than started only to wait out its first batch."""
-    from streaming.session import spark_session
+    from dispatch.streaming.session import spark_session
 
     own_session = spark is None
     session = spark if spark is not None else spark_session(settings, QUERY_NAME)
@@ -228,9 +228,10 @@ def _stop_gracefully(query: StreamingQuery, timeout_s: float = 60.0) -> None:
 
 
 def parse_options(argv: Sequence[str] | None = None) -> tuple[StreamOptions, bool]:
-    """Command-line options of `python -m streaming.app` (all optional)."""
+    """Command-line options of `python -m dispatch.streaming.app` (all optional)."""
     parser = argparse.ArgumentParser(
-        prog="python -m streaming.app", description="Fold the dispatch Kafka log into Delta."
+        prog="python -m dispatch.streaming.app",
+        description="Fold the dispatch Kafka log into Delta.",
     )
     defaults = StreamOptions()
     parser.add_argument("--trigger-interval-s", type=float, default=defaults.trigger_interval_s)
@@ -264,7 +265,7 @@ def parse_options(argv: Sequence[str] | None = None) -> tuple[StreamOptions, boo
 def main(settings: Settings | None = None, argv: Sequence[str] | None = None) -> int:
     """Run the streaming application until SIGINT/SIGTERM; returns the exit code.
 
-    `argv` defaults to none (the defaults of `StreamOptions`); `python -m streaming.app`
+    `argv` defaults to none (the defaults of `StreamOptions`); `python -m dispatch.streaming.app`
     passes its command line."""
     from dispatch.settings import ConfigError, load_settings
 

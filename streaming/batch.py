@@ -7,11 +7,11 @@ table does):
 with `pruned` events: `jobs_archive` append, then a `jobs` MERGE deleting the pruned rows,
 5. the `jobs` MERGE of the folded states, with the batch's `Progress` (offsets, fence epochs).
 
-The batch is folded on Spark's executors, partitioned by job (`streaming.executor_plan`), or,
-with `fold_on="driver"`, collected to the driver and folded there (`_plan`); either way the
+The batch is folded on Spark's executors, partitioned by job (`dispatch.streaming.executor_plan`),
+or, with `fold_on="driver"`, collected to the driver and folded there (`_plan`); either way the
 result is a `Planned` (every table's rows in Arrow) that `write_planned` commits. The appends
-and the `jobs` MERGE are delta-rs commits from those rows (`streaming.delta_commits`: a Spark
-write per table cost seconds of fixed overhead a batch, BENCHMARKS.md, *Streaming*), the rare
+and the `jobs` MERGE are delta-rs commits from those rows (`dispatch.streaming.delta_commits`: a
+Spark write per table cost seconds of fixed overhead a batch, BENCHMARKS.md, *Streaming*), the rare
 prune step stays in Spark
 (it selects closed rows by a condition over the history).
 
@@ -49,9 +49,8 @@ from dispatch.delta.job_rows import CLOSED, OPEN, JobKey, JobState, job_row, job
 from dispatch.delta.progress import BATCH, PRUNE, Committed, Offsets, Progress, latest_progress_of
 from dispatch.delta.stats import MinuteStats, StatsKey
 from dispatch.storage import Location
-from dispatch.warehouse import Warehouse
-from streaming import guard, spark_writes
-from streaming.decode import (
+from dispatch.streaming import guard, spark_writes
+from dispatch.streaming.decode import (
     RECORD_ERRORS,
     KafkaRow,
     LoggedEvent,
@@ -73,8 +72,8 @@ from streaming.decode import (
     undecodable_bronze_row,
     unseen,
 )
-from streaming.delta_commits import DeltaCommits
-from streaming.fold import (
+from dispatch.streaming.delta_commits import DeltaCommits
+from dispatch.streaming.fold import (
     BatchFold,
     archived_row,
     fence_batch,
@@ -83,16 +82,17 @@ from streaming.fold import (
     prune_groups,
     touched_jobs,
 )
-from streaming.open_jobs import OpenJobs, narrowing, ranges_condition
-from streaming.planned import JOBS_SOURCE, Planned
-from streaming.rollup import StatsRollup, stats_row
-from streaming.spark_writes import ExecutorRows
+from dispatch.streaming.open_jobs import OpenJobs, narrowing, ranges_condition
+from dispatch.streaming.planned import JOBS_SOURCE, Planned
+from dispatch.streaming.rollup import StatsRollup, stats_row
+from dispatch.streaming.spark_writes import ExecutorRows
+from dispatch.warehouse import Warehouse
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
 
-    from streaming.maintenance import Maintenance
+    from dispatch.streaming.maintenance import Maintenance
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ def _read_partition(table: DeltaTable, part: str, ids: pa.Array) -> pa.Table:
     see dispatch/delta_sql.py), and DataFusion overflows its stack on an IN list of tens of
     thousands of ids (a segfault at ~50k, deltalake 1.6.6). Ids are random (clients choose
     them), so no file statistics could narrow the read either: it costs the whole partition,
-    hence the cache of the open one (`streaming.open_jobs`)."""
+    hence the cache of the open one (`dispatch.streaming.open_jobs`)."""
     read = table.to_pyarrow_dataset(file_pruning_predicate=[("part", "=", part)]).to_table()
     found = read.filter(pc.is_in(read["id"], value_set=ids))
     return found.select(_JOB_COLUMNS).cast(t.SCHEMAS[t.JOBS])
@@ -254,7 +254,7 @@ class BatchWriter:
         if fold_on not in (DRIVER, EXECUTORS):
             raise ValueError(f"fold_on: expected {DRIVER!r} or {EXECUTORS!r}, got {fold_on!r}")
         self.fold_on = fold_on
-        """Where a batch is folded: on Spark's executors (`streaming.executor_plan`), or
+        """Where a batch is folded: on Spark's executors (`dispatch.streaming.executor_plan`), or
         collected to the driver and folded there (`_plan`)."""
         self.executor_min_records = executor_min_records
         """With `fold_on = executors`, a batch of fewer Kafka records is folded on the driver
@@ -269,7 +269,7 @@ class BatchWriter:
         self.commits = DeltaCommits(warehouse)
         self.cache_open_jobs = cache_open_jobs
         """The driver's fold keeps the open partition of `jobs` in memory between batches
-        (`streaming.open_jobs`) instead of reading it each batch."""
+        (`dispatch.streaming.open_jobs`) instead of reading it each batch."""
         self._open: OpenJobs | None = None
         self.open_jobs_loads = 0
         """How many times the open partition was read whole into the cache."""
@@ -368,7 +368,7 @@ class BatchWriter:
     def _fold_on_executors(
         self, batch_df: DataFrame, batch_id: int, end: Offsets, records: int, started: float
     ) -> None:
-        from streaming.executor_plan import plan_on_executors
+        from dispatch.streaming.executor_plan import plan_on_executors
 
         timings = BatchTimings(batch_id=batch_id, records=records, on_executors=True)
         mark = time.perf_counter()

@@ -1,6 +1,6 @@
 """Make the JVMs' class-data-sharing archives (dispatch.stack.class_sharing) by running them.
 
-    .venv/bin/python -m streaming.class_training [--force]
+    .venv/bin/python -m dispatch.streaming.class_training [--force]
 
 Bootstrap runs it. Each archive holds the classes one JVM loaded during a short run of what the
 project does with it, written by the JVM as it exits cleanly:
@@ -117,8 +117,8 @@ def delta_workload(spark: SparkSession, table: Path) -> None:
 
 def _spark_workload(spark: SparkSession, settings: Settings, scratch: Path) -> None:
     """Runs in the driver's Python: Spark's Delta writes, and the fold in both places."""
-    from streaming.app import StreamOptions, run
-    from streaming.batch import DRIVER, EXECUTORS
+    from dispatch.streaming.app import StreamOptions, run
+    from dispatch.streaming.batch import DRIVER, EXECUTORS
 
     delta_workload(spark, scratch / "spark-delta")
     for place in (DRIVER, EXECUTORS):
@@ -132,7 +132,7 @@ def _spark_workload(spark: SparkSession, settings: Settings, scratch: Path) -> N
 def _train_spark_driver(settings: Settings, scratch: Path, archive: Path) -> None:
     from pyspark import SparkContext
 
-    from streaming.session import spark_session
+    from dispatch.streaming.session import spark_session
 
     with class_sharing.dumping(archive) as partial:
         spark = spark_session(
@@ -192,7 +192,7 @@ def train(settings: Settings, *, scratch: Path, force: bool = False) -> list[Pat
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m streaming.class_training",
+        prog="python -m dispatch.streaming.class_training",
         description="Make the JVM class-data-sharing archives that are missing.",
     )
     parser.add_argument("--force", action="store_true", help="remake them even if present")

@@ -5,9 +5,9 @@ Pure Python (no Spark): the micro-batch arrives as columns, `kafka_rows` turns i
 record with the project's own formats (`dispatch.event_records`, `dispatch.submit_records`).
 A record that does not parse is never dropped: it becomes an `undecodable` row in `events`
 (bronze) with the reason and a `rejected` row, and the fold skips it. `screen_events` then sets
-aside the events whose values no table can hold (`streaming.guard`): each becomes a `refused`
-row in `events` and is named in its record's `rejected` row. Nothing a record holds makes these
-functions raise: a record is untrusted input, and one that stopped the batch would stop it
+aside the events whose values no table can hold (`dispatch.streaming.guard`): each becomes a
+`refused` row in `events` and is named in its record's `rejected` row. Nothing a record holds makes
+these functions raise: a record is untrusted input, and one that stopped the batch would stop it
 again on every replay.
 """
 
@@ -23,8 +23,8 @@ from dispatch.core.events import Event, JobEvent
 from dispatch.delta import tables as t
 from dispatch.delta.progress import Offsets
 from dispatch.event_records import decode_batch
+from dispatch.streaming import guard
 from dispatch.submit_records import Rejection
-from streaming import guard
 
 UTC = dt.UTC
 
@@ -175,7 +175,7 @@ def _reason(error: BaseException) -> str:
 @dataclass(frozen=True, slots=True)
 class Refused:
     """An event the fold does not apply, and why: its values do not fit the tables
-    (`screen_events`), or it does not fit its job (`streaming.fold.fold_batch`)."""
+    (`screen_events`), or it does not fit its job (`dispatch.streaming.fold.fold_batch`)."""
 
     logged: LoggedEvent
     reason: str

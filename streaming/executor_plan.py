@@ -44,16 +44,16 @@ from dispatch.core.fence import EpochFence
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import OPEN, JobKey
 from dispatch.delta.progress import Offsets
-from streaming.decode import (
+from dispatch.streaming.decode import (
     KafkaRow,
     Refused,
     decode_events,
     kafka_rows,
     screen_events,
 )
-from streaming.fold import BatchFold
-from streaming.open_jobs import cover_ranges
-from streaming.partition_fold import (
+from dispatch.streaming.fold import BatchFold
+from dispatch.streaming.open_jobs import cover_ranges
+from dispatch.streaming.partition_fold import (
     EVENT_KIND,
     FOLD_INPUT,
     FOLD_OUTPUT,
@@ -71,14 +71,14 @@ from streaming.partition_fold import (
     logged_event,
     prune_steps,
 )
-from streaming.planned import JOBS_SOURCE, Planned
-from streaming.rollup import aggregate
-from streaming.spark_writes import ExecutorRows
+from dispatch.streaming.planned import JOBS_SOURCE, Planned
+from dispatch.streaming.rollup import aggregate
+from dispatch.streaming.spark_writes import ExecutorRows
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-    from streaming.batch import BatchWriter
+    from dispatch.streaming.batch import BatchWriter
 
 _CONTROL_TYPES = (LeaderElected.type, Pruned.type)
 _GROUP_ROW = "group"
@@ -497,7 +497,7 @@ def _rejected(
     one: the rejection records, and the events records not taken whole."""
     from pyspark.sql import functions as F
 
-    from streaming.batch import _Plan
+    from dispatch.streaming.batch import _Plan
 
     topics = writer.topics
     positions = writer.positions()

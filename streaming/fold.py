@@ -14,7 +14,7 @@ An event that does not fit its job (the core's reducer refuses it) is refused: t
 its state from before that event, the event is reported in `BatchFold.refused` (the batch
 writes it to `rejected`) and the fold goes on with the job's next event. The fold never raises
 on what the log holds: a record that stopped a batch would stop every replay of it too. (The
-events it gets have values every column holds: `streaming.decode.screen_events` sets the
+events it gets have values every column holds: `dispatch.streaming.decode.screen_events` sets the
 others aside before the fence.)
 
 Besides the core's `JobRecord`, each row keeps two timestamps the statistics need and the
@@ -51,7 +51,7 @@ from dispatch.delta.job_rows import (
     job_row,
 )
 from dispatch.delta.stats import StatsAccumulator
-from streaming.decode import LoggedEvent, Refused
+from dispatch.streaming.decode import LoggedEvent, Refused
 
 # --- the fence ---------------------------------------------------------------------------
 

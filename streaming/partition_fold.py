@@ -11,8 +11,8 @@ unit tests run them without a JVM and Spark runs them unchanged:
 2. `fold_partition`: a partition of the batch repartitioned by job, holding each touched job's
    current `jobs` row (`row`) and its admitted events (`body`, as stage 1 wrote it) -> the
    jobs' new rows, the lives pruned during the batch, the events refused, and the partition's
-   statistics. It calls `streaming.fold.fold_batch`, the one fold function, so the leader, the
-   driver and the executors cannot disagree; a job's result depends only on its own events
+   statistics. It calls `dispatch.streaming.fold.fold_batch`, the one fold function, so the leader,
+   the driver and the executors cannot disagree; a job's result depends only on its own events
    and its group's `pruned` events, which every partition is given (`PruneEvent`).
 
 Why one Python call per partition and not per job: docs/streaming.md, "Where the fold should
@@ -33,7 +33,7 @@ import pyarrow as pa
 from dispatch.core.events import Pruned, event_from_dict
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import OPEN, JobKey, JobState, job_row, job_state
-from streaming.decode import (
+from dispatch.streaming.decode import (
     RECORD_ERRORS,
     KafkaRow,
     LoggedEvent,
@@ -46,10 +46,10 @@ from streaming.decode import (
     submit_bronze_row,
     undecodable_bronze_row,
 )
-from streaming.fold import PruneStep, archived_row, fold_batch
-from streaming.open_jobs import value_ranges
-from streaming.planned import JOBS_SOURCE
-from streaming.rollup import stats_row
+from dispatch.streaming.fold import PruneStep, archived_row, fold_batch
+from dispatch.streaming.open_jobs import value_ranges
+from dispatch.streaming.planned import JOBS_SOURCE
+from dispatch.streaming.rollup import stats_row
 
 EVENT_KIND = "event"
 """`events.kind` of a decoded event (the others: `refused`, `undecodable`)."""
@@ -59,7 +59,7 @@ KAFKA_COLUMNS = ("topic", "partition", "offset", "key", "value", "timestamp")
 (a producer-set time past year 9999 must not fail the conversion for the whole batch)."""
 
 JOB_ROW = pa.struct(list(JOBS_SOURCE))
-"""A `jobs` MERGE source row, as a struct (`streaming.planned.JOBS_SOURCE`)."""
+"""A `jobs` MERGE source row, as a struct (`dispatch.streaming.planned.JOBS_SOURCE`)."""
 _JOB_ROW_NAMES: list[str] = [field.name for field in JOB_ROW]
 
 FOLD_INPUT = pa.schema(

@@ -1,6 +1,6 @@
 """What one micro-batch writes, however it was folded: on the driver (`BatchWriter._plan`)
-or on Spark's executors (`streaming.executor_plan`). `BatchWriter` writes either the same way,
-so exactly once, the write order and the progress records do not depend on where the fold ran.
+or on Spark's executors (`dispatch.streaming.executor_plan`). `BatchWriter` writes either the same
+way, so exactly once, the write order and the progress records do not depend on where the fold ran.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pyarrow as pa
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import JobKey
 from dispatch.delta.stats import MinuteStats, StatsKey
-from streaming.fold import PruneStep
+from dispatch.streaming.fold import PruneStep
 
 if TYPE_CHECKING:
-    from streaming.spark_writes import ExecutorRows
+    from dispatch.streaming.spark_writes import ExecutorRows
 
 JOBS_SOURCE = t.SCHEMAS[t.JOBS].append(pa.field("_delete", pa.bool_()))
 """The `jobs` MERGE source: the table's columns and whether the job leaves `jobs`."""

@@ -12,8 +12,8 @@ is keyed on it (a `txn` action with app id "<app>-rollup", version N); the next 
 takes rows above it. A crash between the MERGE and the DELETE leaves rows the next roll-up skips
 and deletes.
 
-Both commits are delta-rs's (`streaming.delta_commits`), like the batch's: a Spark MERGE cost
-seconds every `rollup_every_s` (BENCHMARKS.md, *Streaming*), and the batch that ran it held
+Both commits are delta-rs's (`dispatch.streaming.delta_commits`), like the batch's: a Spark MERGE
+cost seconds every `rollup_every_s` (BENCHMARKS.md, *Streaming*), and the batch that ran it held
 every event behind it.
 """
 
@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from dispatch.delta import tables as t
 from dispatch.delta.progress import newest_commit, parse_rollup, rollup_metadata
 from dispatch.delta.stats import MinuteStats, StatsKey
-from streaming.delta_commits import DeltaCommits
+from dispatch.streaming.delta_commits import DeltaCommits
 
 if TYPE_CHECKING:
     from dispatch.warehouse import Warehouse

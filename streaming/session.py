@@ -213,7 +213,7 @@ def spark_session(
     settings: Settings, app_name: str = "dispatch", driver_java_options: Sequence[str] = ()
 ) -> SparkSession:
     """Get or create the process's Spark session, configured for Delta and Kafka;
-    `driver_java_options` are added to the driver JVM's (streaming.class_training's)."""
+    `driver_java_options` are added to the driver JVM's (dispatch.streaming.class_training's)."""
     # The Python workers must run the driver's interpreter (the venv), not whatever `python3`
     # is first on PATH: pyspark reads PYSPARK_PYTHON (not the conf) for the functions it ships.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -64,7 +64,7 @@ def kafka_broker(stack_settings: Settings) -> Iterator[Broker]:
 @pytest.fixture(scope="session")
 def spark(stack_settings: Settings) -> Iterator[SparkSession]:
     """The one real Spark session (Delta + Kafka connector) of this test session."""
-    from streaming.session import spark_session
+    from dispatch.streaming.session import spark_session
 
     jvm = stack_settings.jvm.model_copy(update={"quick_start_driver": False})
     own = stack_settings.model_copy(update={"jvm": jvm})

@@ -1,4 +1,4 @@
-"""A small worker app for demos and tries: `dispatch worker --app worker.examples:app`.
+"""A small worker app for demos and tries: `dispatch worker --app dispatch.worker.examples:app`.
 
 - `demo.echo`: returns its payload.
 - `demo.sleep`: sleeps `payload.seconds` (default 1), heartbeating, and returns them.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from worker.jobs import Assignment, PermanentError, Retry
-from worker.sdk import WorkerApp
+from dispatch.worker.jobs import Assignment, PermanentError, Retry
+from dispatch.worker.sdk import WorkerApp
 
 app = WorkerApp("demo", concurrency=4)
 

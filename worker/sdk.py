@@ -1,7 +1,7 @@
 """The worker SDK: register handlers by exec pattern, run them with bounded concurrency.
 
 ```python
-from worker.sdk import PermanentError, Retry, WorkerApp
+from dispatch.worker.sdk import PermanentError, Retry, WorkerApp
 
 app = WorkerApp("images", concurrency=4)
 
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from dispatch.client import AsyncClient, Backoff, Conflict, DispatchError, NotFound
-from worker.jobs import (
+from dispatch.worker.jobs import (
     Assignment,
     Outcome,
     PermanentError,
@@ -53,10 +53,10 @@ from worker.jobs import (
     outcome_of_result,
     released,
 )
-from worker.subjects import HandlerTable, exec_pattern_of
-from worker.transports import RestTransport, Transport, WebSocketTransport
+from dispatch.worker.subjects import HandlerTable, exec_pattern_of
+from dispatch.worker.transports import RestTransport, Transport, WebSocketTransport
 
-log = logging.getLogger("worker")
+log = logging.getLogger("dispatch.worker")
 
 TransportName = Literal["ws", "rest"]
 TRANSPORTS: tuple[TransportName, ...] = ("ws", "rest")

@@ -1,7 +1,7 @@
 """How a worker talks to the leader: a WebSocket (`WS /v1/stream`, pushed assignments, the
 default) or REST long-poll (`POST /v1/workers/{id}/poll`, then ack/fail/heartbeat calls).
 
-Both carry out the same duties for the runtime in `worker.sdk`: deliver assignments to
+Both carry out the same duties for the runtime in `dispatch.worker.sdk`: deliver assignments to
 `runtime.accept`, keep the runtime's credit with the leader equal to its free slots, keep the
 worker alive in the leader's eyes, settle attempts, send job heartbeats, and come back after
 the node goes away (the node list and the leader a follower names come from `AsyncClient`).
@@ -38,9 +38,9 @@ from dispatch.client import (
     Unavailable,
     error_from_body,
 )
-from worker.jobs import Assignment, Outcome
+from dispatch.worker.jobs import Assignment, Outcome
 
-log = logging.getLogger("worker")
+log = logging.getLogger("dispatch.worker")
 
 SETTLEMENT_REFUSALS = frozenset({"stale_lease", "already_settled", "not_found", "invalid"})
 """Error codes that refuse an ack or fail for good: resending it cannot help."""

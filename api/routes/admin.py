@@ -6,10 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
-from api.deps import AdminDep, AnyoneDep, NodeDep
-from api.leader import LeaderUnavailable
-from api.loop_commands import ListDeadLetters, ListQueues, ListWorkers, RedriveJob
-from api.schemas import LeaderView, QueueList, WorkerList, error_responses
+from dispatch.api.deps import AdminDep, AnyoneDep, NodeDep
+from dispatch.api.leader import LeaderUnavailable
+from dispatch.api.loop_commands import ListDeadLetters, ListQueues, ListWorkers, RedriveJob
+from dispatch.api.schemas import LeaderView, QueueList, WorkerList, error_responses
 from dispatch.wire import JobList, JobView
 
 router = APIRouter(prefix="/v1", tags=["operations"])

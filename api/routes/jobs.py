@@ -9,12 +9,12 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Response
 
-from api.deps import ClientDep, NodeDep
-from api.errors import ApiError
-from api.leader import LeaderUnavailable
-from api.loop_commands import CancelJob, ReadJobs
-from api.node import Node
-from api.schemas import JobBatch, JobSubmission, error_responses
+from dispatch.api.deps import ClientDep, NodeDep
+from dispatch.api.errors import ApiError
+from dispatch.api.leader import LeaderUnavailable
+from dispatch.api.loop_commands import CancelJob, ReadJobs
+from dispatch.api.node import Node
+from dispatch.api.schemas import JobBatch, JobSubmission, error_responses
 from dispatch.auth import Principal, Role
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.job import TERMINAL_STATUSES

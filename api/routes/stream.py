@@ -11,7 +11,7 @@ client key (or admin) receives the results of its own client id only.
 Worker hello: `credits` (default 0) is how many jobs it can take now, `held` (default []) the
 attempts it holds as `[{id, attempt, lease}]` (running, or finished with the settlement not yet
 confirmed), `batch` (default false) whether it reads `assign_many`. The join makes the leader's
-view match (`api.worker_sync`): jobs the leader has on the worker that it does not hold are
+view match (`dispatch.api.worker_sync`): jobs the leader has on the worker that it does not hold are
 requeued, and the credit is set to `credits`. The worker id belongs to the key that registered
 it: another key's hello is refused (`forbidden`, close 1008). One socket serves a worker id: a
 newer socket of the same key replaces the older, which is closed (1008, `replaced`) and does
@@ -48,11 +48,12 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from api.deps import bearer_principal, owner_of
-from api.errors import ApiError
-from api.hub import Hub, WorkerSession
-from api.leader import Command, Leader, LeaderUnavailable
-from api.loop_commands import (
+from dispatch import fast_json
+from dispatch.api.deps import bearer_principal, owner_of
+from dispatch.api.errors import ApiError
+from dispatch.api.hub import Hub, WorkerSession
+from dispatch.api.leader import Command, Leader, LeaderUnavailable
+from dispatch.api.loop_commands import (
     AckJob,
     AckMany,
     ExtendAttempt,
@@ -64,9 +65,8 @@ from api.loop_commands import (
     RejoinWorker,
     WorkerAlive,
 )
-from api.node import Node
-from api.worker_sync import Held
-from dispatch import fast_json
+from dispatch.api.node import Node
+from dispatch.api.worker_sync import Held
 from dispatch.auth import KeyRing, Principal, Role
 from dispatch.core.bounds import MAX_JSON_DEPTH, check_json_value
 from dispatch.core.errors import Rejected

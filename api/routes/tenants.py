@@ -14,8 +14,8 @@ from typing import Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from api.deps import AdminDep, NodeDep
-from api.loop_commands import ReadClientLoads
+from dispatch.api.deps import AdminDep, NodeDep
+from dispatch.api.loop_commands import ReadClientLoads
 from dispatch.core.queries import ClientLoad, ClientLoads
 from dispatch.delta.tenants import (
     TenantReport,

@@ -16,11 +16,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
-from api.deps import AdminDep, NodeDep
-from api.errors import ApiError
-from api.loop_commands import ReadOverview
-from api.node import Node
-from api.ui_history import History, Sampler
+from dispatch.api.deps import AdminDep, NodeDep
+from dispatch.api.errors import ApiError
+from dispatch.api.loop_commands import ReadOverview
+from dispatch.api.node import Node
+from dispatch.api.ui_history import History, Sampler
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,18 @@ import contextlib
 
 from fastapi import APIRouter
 
-from api.deps import NodeDep, WorkerDep, owner_of
-from api.errors import ApiError
-from api.leader import LeaderUnavailable
-from api.loop_commands import AckJob, AckMany, ExtendAttempt, FailJob, JobView, PresentWorker
-from api.schemas import (
+from dispatch.api.deps import NodeDep, WorkerDep, owner_of
+from dispatch.api.errors import ApiError
+from dispatch.api.leader import LeaderUnavailable
+from dispatch.api.loop_commands import (
+    AckJob,
+    AckMany,
+    ExtendAttempt,
+    FailJob,
+    JobView,
+    PresentWorker,
+)
+from dispatch.api.schemas import (
     Ack,
     AckBatch,
     Fail,

@@ -1,10 +1,10 @@
-"""What `bench.peers` runs beside dispatch: a Redis server of its own, a Celery app and a
+"""What `dispatch.bench.peers` runs beside dispatch: a Redis server of its own, a Celery app and a
 Dramatiq actor (each a no-op task that counts its completions in Redis).
 
 `celery_app`, `dramatiq_app` and `counter` need the `peers` extra (celery, dramatiq, redis):
 only the bench and the worker processes it starts import them. This module and
-`redis_server` need nothing beyond the standard library, so `bench.peers` and its tests import
-them anywhere (CI does not install the extra).
+`redis_server` need nothing beyond the standard library, so `dispatch.bench.peers` and its tests
+import them anywhere (CI does not install the extra).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The Celery side of `bench.peers` (needs the `peers` extra): one no-op task, late acks.
+"""The Celery side of `dispatch.bench.peers` (needs the `peers` extra): one no-op task, late acks.
 
-The worker: `python -m celery -A bench.peer_tasks.celery_app worker ...`, with the Redis URL in
-PEERS_REDIS_URL. The bench itself builds its own app with `make_app(url)` for each Redis it
+The worker: `python -m celery -A dispatch.bench.peer_tasks.celery_app worker ...`, with the Redis
+URL in PEERS_REDIS_URL. The bench itself builds its own app with `make_app(url)` for each Redis it
 starts, so that nothing here depends on the environment of the bench's process.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_ready
 
-from bench.peer_tasks import CELERY_PREFETCH_MULTIPLIER, REDIS_URL_ENV
-from bench.peer_tasks.counter import COUNTER
+from dispatch.bench.peer_tasks import CELERY_PREFETCH_MULTIPLIER, REDIS_URL_ENV
+from dispatch.bench.peer_tasks.counter import COUNTER
 
 TASK_NAME = "peers.noop"
 

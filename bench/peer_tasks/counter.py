@@ -18,7 +18,7 @@ from typing import cast
 
 import redis
 
-from bench.peer_tasks import DONE_KEY, EXPECTED_ENV, FINISHED_KEY, READY_KEY, REDIS_URL_ENV
+from dispatch.bench.peer_tasks import DONE_KEY, EXPECTED_ENV, FINISHED_KEY, READY_KEY, REDIS_URL_ENV
 
 
 class Counter:

@@ -1,10 +1,10 @@
-"""The Dramatiq side of `bench.peers` (needs the `peers` extra): one no-op actor.
+"""The Dramatiq side of `dispatch.bench.peers` (needs the `peers` extra): one no-op actor.
 
 Dramatiq's Redis broker acks after processing by default: a fetched message moves to the
 worker's ack set and leaves it only when the actor has returned (a dead worker's set is put
 back on the queue), which is Celery's `task_acks_late=True`.
 
-The workers: `python -m dramatiq bench.peer_tasks.dramatiq_app:broker --processes 2
+The workers: `python -m dramatiq dispatch.bench.peer_tasks.dramatiq_app:broker --processes 2
 --threads 8`, with the Redis URL in PEERS_REDIS_URL. The bench builds its own broker and
 actor with `make_broker(url)` for each Redis it starts.
 """
@@ -17,8 +17,8 @@ import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
-from bench.peer_tasks import REDIS_URL_ENV
-from bench.peer_tasks.counter import COUNTER
+from dispatch.bench.peer_tasks import REDIS_URL_ENV
+from dispatch.bench.peer_tasks.counter import COUNTER
 
 ACTOR_NAME = "noop"
 

@@ -1,7 +1,7 @@
-"""Runs one peer of `bench.peers` (Celery or Dramatiq) on Redis and measures it.
+"""Runs one peer of `dispatch.bench.peers` (Celery or Dramatiq) on Redis and measures it.
 
 Only the standard library at module level: celery, dramatiq and redis-py are imported when a
-peer runs, so `bench.peers` (and its tests) import this anywhere. The protocol is in
+peer runs, so `dispatch.bench.peers` (and its tests) import this anywhere. The protocol is in
 `bench/peers.py`'s docstring.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.peer_tasks import (
+from dispatch.bench.peer_tasks import (
     CELERY_PREFETCH_MULTIPLIER,
     DONE_KEY,
     EXPECTED_ENV,
@@ -27,7 +27,7 @@ from bench.peer_tasks import (
     READY_KEY,
     REDIS_URL_ENV,
 )
-from bench.peer_tasks.redis_server import RedisBinary, redis_server
+from dispatch.bench.peer_tasks.redis_server import RedisBinary, redis_server
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 120.0
@@ -73,7 +73,7 @@ class Peer:
 
 @contextlib.contextmanager
 def celery_sender(url: str) -> Iterator[Send]:
-    from bench.peer_tasks.celery_app import TASK_NAME, make_app
+    from dispatch.bench.peer_tasks.celery_app import TASK_NAME, make_app
 
     app = make_app(url)
     try:
@@ -84,7 +84,7 @@ def celery_sender(url: str) -> Iterator[Send]:
 
 @contextlib.contextmanager
 def dramatiq_sender(url: str) -> Iterator[Send]:
-    from bench.peer_tasks.dramatiq_app import make_broker
+    from dispatch.bench.peer_tasks.dramatiq_app import make_broker
 
     broker, noop = make_broker(url)
     try:
@@ -98,7 +98,7 @@ PEERS = [
         "Celery",
         f"prefork concurrency 2, acks late, prefetch x{CELERY_PREFETCH_MULTIPLIER}",
         [
-            sys.executable, "-m", "celery", "-A", "bench.peer_tasks.celery_app", "worker",
+            sys.executable, "-m", "celery", "-A", "dispatch.bench.peer_tasks.celery_app", "worker",
             "--pool", "prefork", "--concurrency", "2", "--loglevel", "WARNING",
             # Cluster chatter between workers: none of it is on a task's path.
             "--without-gossip", "--without-mingle", "--without-heartbeat",
@@ -110,7 +110,7 @@ PEERS = [
         "Dramatiq",
         "2 processes x 8 threads, acks after processing",
         [
-            sys.executable, "-m", "dramatiq", "bench.peer_tasks.dramatiq_app:broker",
+            sys.executable, "-m", "dramatiq", "dispatch.bench.peer_tasks.dramatiq_app:broker",
             "--processes", "2", "--threads", "8",
         ],
         processes=2,

@@ -1,7 +1,7 @@
 """The rows of the Delta `jobs` table and the core's records they hold, both ways.
 
-Shared by everything that reads or writes `jobs`: the streaming fold (`streaming.fold`), the
-leader's rebuild (`dispatch.delta.snapshot`), the views and the notebooks. Besides the core's
+Shared by everything that reads or writes `jobs`: the streaming fold (`dispatch.streaming.fold`),
+the leader's rebuild (`dispatch.delta.snapshot`), the views and the notebooks. Besides the core's
 `JobRecord`, each row keeps two timestamps the statistics need and the record does not hold:
 `queued_at` (when the job last entered its queue) and `started_at` (when its latest attempt
 started), and `part`: `open` for the rows later events can change, `closed` for final ones.

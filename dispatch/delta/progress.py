@@ -153,7 +153,7 @@ ROLLUP_FORMAT = 1
 
 
 def rollup_metadata(through: int) -> str:
-    """The user metadata of a roll-up commit of `stats` (`streaming.rollup`): the partial
+    """The user metadata of a roll-up commit of `stats` (`dispatch.streaming.rollup`): the partial
     statistics up to `through` are in it."""
     return json.dumps({"dispatch_rollup": ROLLUP_FORMAT, "through": through}, separators=(",", ":"))
 

@@ -5,7 +5,7 @@ same tens of thousands of classes from the same jars every time. A JVM can inste
 from an archive a previous run wrote at its exit (JDK 13+ dynamic archives,
 `-XX:ArchiveClassesAtExit`, read back with `-XX:SharedArchiveFile`). JDK 17 cannot write one
 on first use by itself (`-XX:+AutoCreateSharedArchive` is JDK 19), so bootstrap trains one per
-role (`python -m streaming.class_training`): a broker that takes transactions and
+role (`python -m dispatch.streaming.class_training`): a broker that takes transactions and
 consumer groups, a Spark driver that reads Kafka in a streaming query and writes, merges and
 reads Delta, each stopped cleanly so it writes its archive.
 

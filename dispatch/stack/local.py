@@ -4,8 +4,8 @@ In start order (stopped in reverse): the object store (S3Proxy, when `storage.se
 Kafka broker (or `kafka.brokers` nodes of a local cluster; none with `kafka.external`) and its
 topics, a Spark standalone master and workers (when `spark.cluster_workers`), the Structured
 Streaming fold (`dispatch streaming`), one API node per `api.ports` (the first to take the
-lease leads, the others stand by), and optionally demo workers (`worker.examples`). Each is a
-managed process with a pid file under `var/run`; `var/run/stack.json` (`dispatch.stack.plan`)
+lease leads, the others stand by), and optionally demo workers (`dispatch.worker.examples`). Each is
+a managed process with a pid file under `var/run`; `var/run/stack.json` (`dispatch.stack.plan`)
 remembers which optional parts `up` started and the profile, so `status` and `down` know what
 to expect. `restart` stops one component by its recorded pid and starts it again with the same
 settings (`dispatch restart`).
@@ -90,7 +90,7 @@ class LocalStack:
     @property
     def broker(self) -> Broker:
         """The single broker (the first node of a cluster), for callers that kill or restart
-        one broker (bench.restart_bench, bench.chaos)."""
+        one broker (dispatch.bench.restart_bench, dispatch.bench.chaos)."""
         if not self.kafka.nodes:
             raise ProcessError("the brokers are external (kafka.external): none is ours")
         return self.kafka.nodes[0]
@@ -139,7 +139,7 @@ class LocalStack:
     def _start_worker(self, worker: ManagedProcess, key: str) -> None:
         urls = ",".join(node.url for node in self.nodes)
         environment = {**self._environment(), "DISPATCH_URL": urls, "DISPATCH_API_KEY": key}
-        worker.start([DISPATCH, "worker", "--app", "worker.examples:app"], env=environment)
+        worker.start([DISPATCH, "worker", "--app", "dispatch.worker.examples:app"], env=environment)
 
     def restart(self, component: str, port: int | None = None) -> list[str]:
         """Stop one component by the pid its pid file records and start it again with these
@@ -250,7 +250,7 @@ class LocalStack:
         if self.plan.streaming:
             managed.append((self.streaming, str(self.settings.paths.warehouse)))
         managed += [(node.process, node.url) for node in self.nodes]
-        managed += [(worker, "worker.examples:app") for worker in self.workers()]
+        managed += [(worker, "dispatch.worker.examples:app") for worker in self.workers()]
         for process, address in managed:
             process_record = process.record()
             components.append(

@@ -1,5 +1,5 @@
-"""The chaos run, short (`bench.chaos`): 300 jobs at 20/s through a real stack (broker, fold,
-two nodes, two worker processes) with one leader kill -9 and one worker kill -9. Every safety
+"""The chaos run, short (`dispatch.bench.chaos`): 300 jobs at 20/s through a real stack (broker,
+fold, two nodes, two worker processes) with one leader kill -9 and one worker kill -9. Every safety
 count must be 0 and each canary must finish within 10 s of its fault."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import ChaosOptions, result_json, run_chaos
-from bench.chaos_audit import CANARY_BOUND_S
+from dispatch.bench.chaos import ChaosOptions, result_json, run_chaos
+from dispatch.bench.chaos_audit import CANARY_BOUND_S
 
 pytestmark = pytest.mark.integration
 

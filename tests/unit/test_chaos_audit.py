@@ -1,4 +1,5 @@
-"""`bench.chaos_audit`: the job mix, the log and run audits, the schedule and the verdict."""
+"""`dispatch.bench.chaos_audit`: the job mix, the log and run audits, the schedule and the
+verdict."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from bench.chaos_audit import (
+from dispatch.bench.chaos_audit import (
     CANARY_BOUND_S,
     FaultRecord,
     LogRecord,

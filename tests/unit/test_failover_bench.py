@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from bench.failover_bench import Receipt, first_receipt, lease_epoch, p50_max, term_log
+from dispatch.bench.failover_bench import Receipt, first_receipt, lease_epoch, p50_max, term_log
 
 
 def test_the_epoch_of_a_lease_token_is_before_the_dot() -> None:
@@ -43,14 +43,14 @@ def test_the_first_receipt_is_the_earliest_of_the_epoch_after_the_kill() -> None
 def test_a_terms_lease_and_rebuild_are_read_from_the_node_log() -> None:
     text = "\n".join(
         [
-            "2026-11-26 02:00:00,000 INFO api.election: node node-1: took the lease of "
+            "2026-11-26 02:00:00,000 INFO dispatch.api.election: node node-1: took the lease of "
             "'default', epoch 3",
-            "2026-11-26 02:00:01,000 INFO api.leader: leader node-1: epoch 3, rebuilt from "
-            "full log (no snapshot yet) + 2 batches of the log in 0.50s",
-            "2026-11-26 02:00:10,250 INFO api.election: node node-1: took the lease of "
+            "2026-11-26 02:00:01,000 INFO dispatch.api.leader: leader node-1: epoch 3, rebuilt "
+            "from full log (no snapshot yet) + 2 batches of the log in 0.50s",
+            "2026-11-26 02:00:10,250 INFO dispatch.api.election: node node-1: took the lease of "
             "'default', epoch 5",
-            "2026-11-26 02:00:11,000 INFO api.leader: leader node-1: epoch 5, rebuilt from "
-            "snapshot v12 (3 jobs) + 40 batches of the log in 0.75s",
+            "2026-11-26 02:00:11,000 INFO dispatch.api.leader: leader node-1: epoch 5, rebuilt "
+            "from snapshot v12 (3 jobs) + 40 batches of the log in 0.75s",
         ]
     )
     term = term_log(text, 5)

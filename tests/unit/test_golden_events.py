@@ -23,8 +23,8 @@ from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import InvalidTransition
 from dispatch.delta.job_rows import job_row, job_state
 from dispatch.event_records import decode_batch
-from streaming.decode import KafkaRow, decode_events, screen_events
-from streaming.fold import fence_batch, fold_batch
+from dispatch.streaming.decode import KafkaRow, decode_events, screen_events
+from dispatch.streaming.fold import fence_batch, fold_batch
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 GROUP = "default"
@@ -89,8 +89,8 @@ class Rebuilt:
 
 
 def replay(values: list[bytes], group: str = GROUP) -> Rebuilt:
-    """The rebuild of `api.leader.Leader._rebuild` without a snapshot (`_replay`): every record
-    in log order, the group's only; each event through `apply` (the epoch fence voids a
+    """The rebuild of `dispatch.api.leader.Leader._rebuild` without a snapshot (`_replay`): every
+    record in log order, the group's only; each event through `apply` (the epoch fence voids a
     deposed leader's); an event the core refuses is skipped (the leader logs it); the submit
     position is the last one carried by a batch of an epoch the fence still admits."""
     core = Dispatcher.restore([])

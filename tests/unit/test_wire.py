@@ -1,6 +1,6 @@
 """The wire contract (`dispatch.wire`): the SDKs read exactly what the server sends.
 
-The server side is the real one: the API's routers (`api.routes`) with their response
+The server side is the real one: the API's routers (`dispatch.api.routes`) with their response
 models, on a node whose leader is replaced by a synchronous stand-in around a real core and
 a real `Hub`; the SDK side is the real `AsyncClient` (over an ASGI transport), its
 `ResultStream` and the worker's transports. A job is taken through every status, and what
@@ -23,13 +23,13 @@ from fastapi import FastAPI
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api import errors
-from api.hub import Hub
-from api.loop_commands import LoopCommand
-from api.metrics import Metrics
-from api.routes import admin, jobs, workers
-from api.routes.stream import assign_many_messages
 from dispatch import fast_json
+from dispatch.api import errors
+from dispatch.api.hub import Hub
+from dispatch.api.loop_commands import LoopCommand
+from dispatch.api.metrics import Metrics
+from dispatch.api.routes import admin, jobs, workers
+from dispatch.api.routes.stream import assign_many_messages
 from dispatch.auth import Principal, Role
 from dispatch.client import TERMINAL_STATUSES, AsyncClient, Backoff, Job, ResultStream
 from dispatch.core.dispatcher import Dispatcher
@@ -50,9 +50,9 @@ from dispatch.wire import (
     assignment_of,
     job_view_of,
 )
+from dispatch.worker.jobs import Assignment as WorkerAssignment
+from dispatch.worker.transports import WebSocketTransport
 from tests.unit.core.helpers import T0, make
-from worker.jobs import Assignment as WorkerAssignment
-from worker.transports import WebSocketTransport
 
 CLIENT = Principal("tests", Role.ADMIN, "tests")
 """The caller of every request: an admin, so the DLQ is readable too."""
@@ -102,7 +102,7 @@ class _JoinWithCredit(LoopCommand[None]):
 
 
 class _Node:
-    """What the routes use of `api.node.Node`, with the leader loop done in line: each
+    """What the routes use of `dispatch.api.node.Node`, with the leader loop done in line: each
     command is decided on the core, "committed" (handed to the hub, as the loop does after a
     Kafka commit) and answered. The clock moves one second per command."""
 
@@ -152,7 +152,7 @@ async def _sdk(app: FastAPI) -> AsyncIterator[AsyncClient]:
 
 class _Runtime:
     """The worker runtime as a transport sees it, keeping what it is handed, read as
-    `worker.sdk` reads it."""
+    `dispatch.worker.sdk` reads it."""
 
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
@@ -377,7 +377,7 @@ def test_a_field_the_server_renames_is_caught(monkeypatch: pytest.MonkeyPatch) -
         view["dead_cause"] = view.pop("dead_reason")
         return view
 
-    monkeypatch.setattr("api.hub.job_view_of", renamed)
+    monkeypatch.setattr("dispatch.api.hub.job_view_of", renamed)
     # The response model fills the missing field with its default; the SDK reads None.
     with pytest.raises(AssertionError, match=r"dead\.dead_reason"):
         asyncio.run(_every_status())

@@ -1,5 +1,5 @@
 """A real API node per test: uvicorn on a free loopback port, in this process, electing itself
-through the lease table on disk. Its log is the in-memory twin (`api.memory_log.MemoryLog`)
+through the lease table on disk. Its log is the in-memory twin (`dispatch.api.memory_log.MemoryLog`)
 for the tests of the API's behaviour (`api_node`), and the session's real Kafka broker with the
 test's own topics for those of what only a broker shows (`broker_api_node`, `start_node` with
 no `io`)."""
@@ -17,11 +17,11 @@ import pytest
 import uvicorn
 from kafka import KafkaConsumer
 
-from api.app import create_app
-from api.leader_io import NodeIO
-from api.memory_log import MemoryLog
-from api.node import Node
-from api.server import uvicorn_config
+from dispatch.api.app import create_app
+from dispatch.api.leader_io import NodeIO
+from dispatch.api.memory_log import MemoryLog
+from dispatch.api.node import Node
+from dispatch.api.server import uvicorn_config
 from dispatch.auth import KeyRing, ensure_dev_keys
 from dispatch.settings import Settings
 from dispatch.stack.ports import free_port

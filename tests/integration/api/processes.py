@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from bench.failover_bench import AckingWorkers
+from dispatch.bench.failover_bench import AckingWorkers
 from dispatch.settings import Settings, to_environment
 
 DISPATCH = str(Path(sys.executable).parent / "dispatch")

@@ -17,15 +17,15 @@ from typing import Literal
 import httpx
 import pytest
 
-from api.kafka_log import replay_events
+from dispatch.api.kafka_log import replay_events
 from dispatch.auth import ensure_dev_keys
 from dispatch.client import Client
 from dispatch.core.events import Completed, Event, LeaderElected
 from dispatch.settings import Settings
 from dispatch.stack.broker import Broker
 from dispatch.stack.ports import free_port
+from dispatch.worker import Assignment, WorkerApp
 from tests.integration.api.processes import ServiceProcess, Workers, start_a_pair
-from worker import Assignment, WorkerApp
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from api.memory_log import MemoryLog
+from dispatch.api.memory_log import MemoryLog
 from dispatch.settings import Settings
 from tests.integration.api.conftest import RunningNode, start_node, stop_node
 

@@ -11,7 +11,13 @@ from collections.abc import Iterator
 import pytest
 from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
 
-from api.kafka_log import EventLog, EventsReader, SnapshotBehindLog, SubmitReader, replay_events
+from dispatch.api.kafka_log import (
+    EventLog,
+    EventsReader,
+    SnapshotBehindLog,
+    SubmitReader,
+    replay_events,
+)
 from dispatch.core.events import WorkerJoined
 from dispatch.event_records import encode_batches
 from dispatch.settings import Settings

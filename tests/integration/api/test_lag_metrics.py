@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from api import lag_metrics
+from dispatch.api import lag_metrics
 from tests.integration.api.conftest import RunningNode
 
 pytestmark = pytest.mark.integration

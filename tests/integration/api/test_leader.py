@@ -15,8 +15,8 @@ import httpx
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-import api.leader
-from api.kafka_log import replay_events
+import dispatch.api.leader
+from dispatch.api.kafka_log import replay_events
 from dispatch.auth import ensure_dev_keys
 from dispatch.core.events import Completed, Enqueued
 from dispatch.event_records import encode_batches
@@ -94,7 +94,7 @@ def test_a_new_leader_reads_on_where_the_log_says_though_the_group_offsets_lag(
     broker_api_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The group's offsets are sent with the first commit of a term and not again.
-    monkeypatch.setattr(api.leader, "GROUP_OFFSETS_EVERY_S", 3600.0)
+    monkeypatch.setattr(dispatch.api.leader, "GROUP_OFFSETS_EVERY_S", 3600.0)
     kafka = broker_api_settings.kafka
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
     try:

@@ -1,5 +1,5 @@
-"""The seams' contract (`api.leader_io.NodeIO`), held by Kafka and by its in-memory twin alike:
-what the leader relies on, tested against both, so that the API tests run on the twin test
+"""The seams' contract (`dispatch.api.leader_io.NodeIO`), held by Kafka and by its in-memory twin
+alike: what the leader relies on, tested against both, so that the API tests run on the twin test
 what runs on the broker."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from api.leader_io import KafkaLeaderIO, NodeIO
-from api.memory_log import MemoryLog
+from dispatch.api.leader_io import KafkaLeaderIO, NodeIO
+from dispatch.api.memory_log import MemoryLog
 from dispatch.core.commands import SubmitRequest
 from dispatch.event_records import decode_batch, encode_batches
 from dispatch.settings import Settings

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.leader import stall_bound_s
+from dispatch.api.leader import stall_bound_s
 from dispatch.settings import Settings, load_settings
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.stack.ports import free_port

@@ -1,5 +1,5 @@
-"""A real node run the way `dispatch serve` runs it (`api.server.uvicorn_config`): oversized
-headers and WebSocket messages are refused without disturbing anything else, and no key
+"""A real node run the way `dispatch serve` runs it (`dispatch.api.server.uvicorn_config`):
+oversized headers and WebSocket messages are refused without disturbing anything else, and no key
 sent in a query string reaches a log."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from api.memory_log import MemoryLog
-from api.server import MAX_HEADER_BYTES, ws_max_size
+from dispatch.api.memory_log import MemoryLog
+from dispatch.api.server import MAX_HEADER_BYTES, ws_max_size
 from dispatch.settings import Settings
 from tests.integration.api.conftest import RunningNode, start_node, stop_node
 

@@ -12,7 +12,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from api.memory_log import MemoryLog
+from dispatch.api.memory_log import MemoryLog
 from tests.integration.api.conftest import RunningNode, poll_until, start_node
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""`POST /v1/jobs` answered by `api.submit_fast_path` gives the route's own answers.
+"""`POST /v1/jobs` answered by `dispatch.api.submit_fast_path` gives the route's own answers.
 
 A query string (`?x=1`) sends the same request through FastAPI's route instead, so each
 answer of the fast path is compared with the route's answer to the same request."""

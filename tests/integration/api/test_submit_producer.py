@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from api.submit_producer import SubmitProducer, SubmitUnavailable
+from dispatch.api.submit_producer import SubmitProducer, SubmitUnavailable
 from dispatch.core.commands import SubmitRequest
 from dispatch.settings import KafkaSettings, Settings
 from dispatch.stack.ports import free_port

@@ -16,9 +16,9 @@ from playwright.sync_api import expect
 from dispatch.delta import tables as t
 from dispatch.delta.stats import Histogram, MinuteStats, minute_of
 from dispatch.settings import Settings
+from dispatch.streaming.delta_commits import DeltaCommits
+from dispatch.streaming.rollup import StatsRollup, stats_row
 from dispatch.warehouse import Warehouse
-from streaming.delta_commits import DeltaCommits
-from streaming.rollup import StatsRollup, stats_row
 from tests.integration.api import test_ui
 from tests.integration.api.conftest import RunningNode, poll_until
 

@@ -11,7 +11,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from api.memory_log import MemoryLog
+from dispatch.api.memory_log import MemoryLog
 from dispatch.settings import Settings
 from tests.integration.api.conftest import RunningNode, poll, poll_until, start_node
 

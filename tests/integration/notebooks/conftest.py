@@ -36,8 +36,8 @@ import pytest
 from dispatch.delta import tables as t
 from dispatch.settings import Settings
 from dispatch.stack.broker import Broker, create_topics
+from dispatch.streaming.app import StreamOptions
 from dispatch.warehouse import Warehouse
-from streaming.app import StreamOptions
 from tests.integration.api.conftest import RunningNode, poll, poll_until, start_node
 from tests.integration.streaming.conftest import namespaced, run_stream
 

@@ -16,14 +16,14 @@ import httpx
 import pytest
 import uvicorn
 
-from api.app import create_app
-from api.memory_log import MemoryLog
-from api.node import Node
+from dispatch.api.app import create_app
+from dispatch.api.memory_log import MemoryLog
+from dispatch.api.node import Node
 from dispatch.auth import KeyRing, ensure_dev_keys
 from dispatch.client import Client, Job, NotFound
 from dispatch.settings import Settings
+from dispatch.worker.sdk import WorkerApp
 from tests.integration.api.conftest import RunningNode, _ThreadServer, api_node, api_settings
-from worker.sdk import WorkerApp
 
 __all__ = [
     "NodeServer",

@@ -18,9 +18,9 @@ from typer.testing import CliRunner, Result
 from dispatch.cli import app
 from dispatch.cli_jobs import EXIT_ERROR, EXIT_JOB_FAILED, EXIT_TIMEOUT, EXIT_USAGE, register
 from dispatch.client import Client
+from dispatch.worker.examples import app as demo_app
 from tests.integration.api.conftest import RunningNode
 from tests.integration.sdk.conftest import running_worker, visible, wait_until
-from worker.examples import app as demo_app
 
 pytestmark = pytest.mark.integration
 
@@ -170,7 +170,7 @@ def test_sigterm_lets_a_worker_process_finish_or_release_its_jobs(
 ) -> None:
     log = tmp_path / "worker.log"
     worker = _dispatch(
-        api_node, "worker", "--app", "worker.examples:app", "--transport", transport,
+        api_node, "worker", "--app", "dispatch.worker.examples:app", "--transport", transport,
         "--grace", str(grace_s), "--worker-id", "proc-worker", "--concurrency", "2",
         role="worker", log=log,
     )  # fmt: skip
@@ -197,3 +197,40 @@ def test_sigterm_lets_a_worker_process_finish_or_release_its_jobs(
             job = admin.get(f"sleep{n}")
             assert (job.status, job.attempts) == expected, (job, log.read_text())
         assert "proc-worker: stopped" in log.read_text()
+
+
+USER_WORKER = """\
+from dispatch.worker import Assignment, WorkerApp
+
+app = WorkerApp("mine")
+
+
+@app.handler("mine.greet")
+def greet(job: Assignment) -> str:
+    return f"hello {job.payload}"
+"""
+
+
+def test_a_user_module_named_worker_is_the_app_it_names(
+    api_node: RunningNode, processes: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """The natural names of a user's modules (worker.py, api.py, tasks.py, streaming.py) shadow
+    none of ours: the project installs only `dispatch` at top level."""
+    (tmp_path / "worker.py").write_text(USER_WORKER)
+    for name in ("api", "tasks", "streaming", "bench"):
+        (tmp_path / f"{name}.py").write_text("raise SystemExit('a user module was imported')\n")
+    log = tmp_path / "worker.log"
+    with log.open("wb") as output:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "dispatch.cli", "worker", "--app", "worker:app"],
+            env={**os.environ, **_env(api_node, "worker")},
+            cwd=tmp_path,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    processes.append(worker)
+    with Client(api_node.url, api_node.keys["client"]) as client:
+        client.submit("mine.greet", "you", id="greet-1")
+        job = client.wait("greet-1", timeout_s=60)
+    assert (job.status, job.result) == ("succeeded", "hello you"), log.read_text()
+    assert worker.poll() is None, log.read_text()

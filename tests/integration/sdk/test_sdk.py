@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from api.memory_log import MemoryLog
+from dispatch.api.memory_log import MemoryLog
 from dispatch.client import Client
 from dispatch.settings import Settings
 from dispatch.stack.ports import free_port
+from dispatch.worker import Assignment, PermanentError, Retry, WorkerApp, WorkerError
 from tests.integration.api.conftest import RunningNode
 from tests.integration.sdk.conftest import NodeServer, running_worker, visible, wait_until
-from worker import Assignment, PermanentError, Retry, WorkerApp, WorkerError
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError
 
-from api.kafka_log import EventLog
-from api.submit_producer import SubmitProducer, SubmitUnavailable
-from bench.chaos import read_topic
+from dispatch.api.kafka_log import EventLog
+from dispatch.api.submit_producer import SubmitProducer, SubmitUnavailable
+from dispatch.bench.chaos import read_topic
 from dispatch.core.commands import SubmitRequest
 from dispatch.settings import Settings, load_settings, with_namespace
 from dispatch.stack.broker import Broker, KafkaCluster, create_topics

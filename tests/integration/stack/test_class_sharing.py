@@ -1,6 +1,6 @@
 """The session's real JVMs start on the class-data-sharing archives bootstrap made
-(`streaming.class_training`): each maps its archive, made for the jars it runs on. A JVM that
-cannot use its archive (jars changed since, a bad file) starts without it, silently slower:
+(`dispatch.streaming.class_training`): each maps its archive, made for the jars it runs on. A
+JVM that cannot use its archive (jars changed since, a bad file) starts without it, silently slower:
 this is where that shows."""
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ def test_the_broker_maps_the_archive_made_for_its_jars(
     archive = class_sharing.archive_path(
         stack_settings, class_sharing.BROKER, jar_paths("broker", stack_settings.jar_cache)
     )
-    assert archive.is_file(), "no archive for these jars: run python -m streaming.class_training"
+    assert archive.is_file(), (
+        "no archive for these jars: run python -m dispatch.streaming.class_training"
+    )
     assert archive in mapped_files(record.pid)
 
 
@@ -48,7 +50,9 @@ def test_the_spark_driver_maps_the_archive_made_for_its_jars(
     archive = class_sharing.archive_path(
         stack_settings, class_sharing.SPARK_DRIVER, class_sharing.spark_driver_classpath()
     )
-    assert archive.is_file(), "no archive for these jars: run python -m streaming.class_training"
+    assert archive.is_file(), (
+        "no archive for these jars: run python -m dispatch.streaming.class_training"
+    )
     assert archive in mapped_files(pid)
     # The suite runs its JVMs on the client compiler (tests/conftest.py), the drivers it
     # spawns too, except this session's own driver: it folds for the whole run, and Spark's

@@ -28,9 +28,9 @@ from dispatch.delta.snapshot import Snapshot, latest_snapshot
 from dispatch.event_records import decode_batch
 from dispatch.settings import Settings, with_namespace
 from dispatch.stack.broker import Broker, create_topics
+from dispatch.streaming.app import StreamOptions, run
+from dispatch.streaming.batch import BatchWriter
 from dispatch.warehouse import Warehouse
-from streaming.app import StreamOptions, run
-from streaming.batch import BatchWriter
 from tests.unit.streaming.workload import CONFIG, GROUP, LogRecord, Workload, mixed_workload
 
 if TYPE_CHECKING:

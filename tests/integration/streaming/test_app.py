@@ -27,8 +27,8 @@ from dispatch.event_records import encode_batch
 from dispatch.settings import Settings
 from dispatch.stack.broker import Broker, create_topics
 from dispatch.storage import local_path
+from dispatch.streaming.app import StreamOptions, checkpoint_dir, run, starting_offsets
 from dispatch.warehouse import Warehouse
-from streaming.app import StreamOptions, checkpoint_dir, run, starting_offsets
 from tests.integration.streaming.conftest import (
     MixedRun,
     delta_rs_rows,
@@ -99,7 +99,7 @@ def test_rejected_submissions_are_kept_with_their_reason(
 
 
 def test_the_dlq_is_the_leaders(mixed_run: MixedRun, spark: SparkSession) -> None:
-    from streaming.views import read_dlq, register_views
+    from dispatch.streaming.views import read_dlq, register_views
 
     expected = sorted(job.id for job in mixed_run.workload.leader.dead_letters())
     assert expected
@@ -151,7 +151,7 @@ def test_percentiles_at_any_granularity_read_the_histograms(
     mixed_run: MixedRun, spark: SparkSession
 ) -> None:
     from dispatch.delta.stats import Histogram
-    from streaming.views import latency_percentiles
+    from dispatch.streaming.views import latency_percentiles
 
     frame = spark.read.format("delta").load(Warehouse.of(mixed_run.settings).table(t.STATS))
     by_spark = {row["exec"]: row.asDict() for row in latency_percentiles(frame, ["exec"]).collect()}

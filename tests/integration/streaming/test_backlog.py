@@ -27,10 +27,10 @@ from dispatch.delta.job_rows import CLOSED, OPEN, JobState, job_row
 from dispatch.event_records import encode_batch
 from dispatch.settings import Settings
 from dispatch.storage import Location
+from dispatch.streaming.app import topics_of
+from dispatch.streaming.batch import EXECUTORS, BatchWriter
+from dispatch.streaming.decode import KafkaRow, Topics
 from dispatch.warehouse import Warehouse
-from streaming.app import topics_of
-from streaming.batch import EXECUTORS, BatchWriter
-from streaming.decode import KafkaRow, Topics
 from tests.integration.streaming.conftest import jobs_of, with_warehouse
 from tests.integration.streaming.test_batch import checkpoint
 

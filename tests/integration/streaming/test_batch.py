@@ -16,10 +16,10 @@ from dispatch.core.fence import fence_events
 from dispatch.delta import tables as t
 from dispatch.settings import Settings
 from dispatch.storage import Location
+from dispatch.streaming.app import topics_of
+from dispatch.streaming.batch import DRIVER, EXECUTORS, BatchWriter
+from dispatch.streaming.rollup import StatsRollup
 from dispatch.warehouse import Warehouse
-from streaming.app import topics_of
-from streaming.batch import DRIVER, EXECUTORS, BatchWriter
-from streaming.rollup import StatsRollup
 from tests.integration.streaming.conftest import jobs_of, produce, produce_workload, spark_rows
 from tests.unit.streaming.workload import mixed_workload
 

@@ -25,9 +25,9 @@ from dispatch.settings import Settings, to_environment
 from dispatch.stack.local import DISPATCH
 from dispatch.stack.ports import free_port
 from dispatch.stack.process import ManagedProcess
+from dispatch.streaming.app import QUERY_NAME
+from dispatch.streaming.executor_plan import FOLD_JOB
 from dispatch.warehouse import Warehouse
-from streaming.app import QUERY_NAME
-from streaming.executor_plan import FOLD_JOB
 from tests.integration.api.conftest import short_timeouts
 from tests.integration.streaming.conftest import delta_rs_rows, jobs_of, replay_after
 from tests.integration.streaming.spark_cluster import HOST, SparkCluster, spark_cluster

@@ -16,8 +16,8 @@ import pytest
 from dispatch.delta import tables as t
 from dispatch.delta.progress import latest_progress
 from dispatch.settings import PROJECT_ROOT, Settings, to_environment
+from dispatch.streaming.app import StreamOptions
 from dispatch.warehouse import Warehouse
-from streaming.app import StreamOptions
 from tests.integration.streaming.conftest import (
     jobs_of,
     produce_workload,
@@ -40,7 +40,7 @@ MAX_OFFSETS = 45
 def start_driver(settings: Settings, log_file: Path) -> subprocess.Popen[bytes]:
     environment = {**os.environ, **to_environment(settings)}
     argv = [
-        sys.executable, "-m", "streaming.app", "--no-maintenance", "--rollup-every-s", "0",
+        sys.executable, "-m", "dispatch.streaming.app", "--no-maintenance", "--rollup-every-s", "0",
         "--max-offsets-per-trigger", str(MAX_OFFSETS),
     ]  # fmt: skip
     with log_file.open("ab") as log:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from api.leader import Leader
+from dispatch.api.leader import Leader
 from dispatch.delta import tables as t
 from dispatch.delta.snapshot import latest_snapshot
 from dispatch.settings import Settings

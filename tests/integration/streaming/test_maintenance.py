@@ -9,8 +9,8 @@ import pytest
 from dispatch.delta import tables as t
 from dispatch.delta.snapshot import latest_snapshot
 from dispatch.settings import Settings
+from dispatch.streaming.maintenance import Maintenance, MaintenancePolicy
 from dispatch.warehouse import Warehouse
-from streaming.maintenance import Maintenance, MaintenancePolicy
 from tests.integration.streaming.conftest import (
     delta_rs_rows,
     jobs_of,

@@ -13,9 +13,9 @@ from dispatch.delta import tables as t
 from dispatch.delta.snapshot import latest_snapshot
 from dispatch.settings import Settings
 from dispatch.stack.broker import Broker, create_topics
+from dispatch.streaming.app import checkpoint_dir
+from dispatch.streaming.views import read_dlq, register_views
 from dispatch.warehouse import Warehouse
-from streaming.app import checkpoint_dir
-from streaming.views import read_dlq, register_views
 from tests.integration.streaming.conftest import (
     delta_rs_rows,
     jobs_of,

@@ -2,8 +2,8 @@
 S3A (jar set `s3`), against a real S3-compatible server (S3Proxy) on loopback.
 
 The session is the test run's shared one, built for a local warehouse; these tests point it at
-the server at run time with `configure_object_storage`, as `streaming.app.start` does, which
-is also the check that Delta's writes and the checkpoint honour configuration set on a running
+the server at run time with `configure_object_storage`, as `dispatch.streaming.app.start` does,
+which is also the check that Delta's writes and the checkpoint honour configuration set on a running
 session. delta-rs reads and appends the same tables, so both engines agree on the same bytes.
 """
 
@@ -22,8 +22,8 @@ from pyspark.sql import SparkSession
 from dispatch.delta import tables as t
 from dispatch.settings import Settings
 from dispatch.storage import storage_options
+from dispatch.streaming.session import configure_object_storage, s3a_config
 from dispatch.warehouse import Warehouse
-from streaming.session import configure_object_storage, s3a_config
 from tests.s3_server import BUCKET, S3Server
 
 pytestmark = pytest.mark.integration

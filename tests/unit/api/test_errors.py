@@ -10,8 +10,8 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from starlette.requests import Request
 
-from api import errors
-from api.errors import target_of
+from dispatch.api import errors
+from dispatch.api.errors import target_of
 
 
 def _request(raw_path: bytes, query: bytes = b"", path: str = "") -> Request:

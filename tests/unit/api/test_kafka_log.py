@@ -7,7 +7,7 @@ from kafka.errors import KafkaError, OutOfOrderSequenceNumberError
 from kafka.future import Future
 from kafka.producer.transaction_manager import ProducerIdAndEpoch
 
-from api.kafka_log import check_durable
+from dispatch.api.kafka_log import check_durable
 
 
 def landed() -> Future:

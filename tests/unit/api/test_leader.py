@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from api.kafka_log import SnapshotBehindLog
-from api.leader import (
+from dispatch.api.kafka_log import SnapshotBehindLog
+from dispatch.api.leader import (
     ACCEPT_LOG_GAP,
     BROKER_PROBE_EVERY_S,
     IDLE_WAIT_MS,
@@ -24,7 +24,7 @@ from api.leader import (
     collector_paused,
     preload_rebuild_modules,
 )
-from api.metrics import Metrics
+from dispatch.api.metrics import Metrics
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import Event
@@ -141,7 +141,7 @@ class Log:
         )
 
     def io(self, snapshot: Snapshot | None, trimmed: bool = False) -> Any:
-        """The term's seams (`api.leader_io.LeaderIO`): `snapshot`, and a reader over these
+        """The term's seams (`dispatch.api.leader_io.LeaderIO`): `snapshot`, and a reader over these
         batches (raising SnapshotBehindLog from a snapshot's offsets if `trimmed`)."""
         log = self
         group = self.settings.dispatcher.group

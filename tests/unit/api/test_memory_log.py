@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from api.kafka_log import SnapshotBehindLog, submit_group_id
-from api.memory_log import LogUnavailable, MemoryLog, WriterFenced
-from api.submit_producer import SubmitUnavailable
+from dispatch.api.kafka_log import SnapshotBehindLog, submit_group_id
+from dispatch.api.memory_log import LogUnavailable, MemoryLog, WriterFenced
+from dispatch.api.submit_producer import SubmitUnavailable
 from dispatch.core.commands import SubmitRequest
 from dispatch.event_records import encode_batches
 from dispatch.settings import load_settings

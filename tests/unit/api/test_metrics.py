@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api.metrics import (
+from dispatch.api.metrics import (
     MAX_EXEC_LABELS,
     OTHER_CLIENTS,
     OTHER_EXEC,

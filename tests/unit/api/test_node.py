@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-import api.node
-from api.leader import collector_paused
-from api.node import Node
+import dispatch.api.node
+from dispatch.api.leader import collector_paused
+from dispatch.api.node import Node
 from dispatch.settings import load_settings
 
 
@@ -54,7 +54,7 @@ def test_a_terms_state_is_collected_before_the_next_term_starts(
         def stop(self) -> None:
             pass
 
-    monkeypatch.setattr(api.node, "Leader", Term)
+    monkeypatch.setattr(dispatch.api.node, "Leader", Term)
     node._supervise()
     assert node.terms == 3
     assert alive_at_start == [False, False, False], "an earlier term's state was still held"
@@ -103,7 +103,7 @@ def test_a_stalled_loop_gives_up_the_lease_and_the_node_is_not_ready(
         def stop(self) -> None:
             self.running = False
 
-    monkeypatch.setattr(api.node, "Leader", StalledTerm)
+    monkeypatch.setattr(dispatch.api.node, "Leader", StalledTerm)
     node._supervise()
     assert given_up == ["the leader loop stalled"]
     assert seen_ready[0] is None and seen_ready[-1] == "stalled"
@@ -113,8 +113,8 @@ def test_a_stalled_loop_gives_up_the_lease_and_the_node_is_not_ready(
 def test_a_refusal_to_lead_is_the_nodes_reason_not_to_be_ready(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from api.kafka_log import SnapshotBehindLog
-    from api.leader import LogGap
+    from dispatch.api.kafka_log import SnapshotBehindLog
+    from dispatch.api.leader import LogGap
 
     node = Node(load_settings(), "n1", "http://127.0.0.1:1")
     node.hub = SimpleNamespace()  # type: ignore[assignment]
@@ -131,7 +131,7 @@ def test_a_refusal_to_lead_is_the_nodes_reason_not_to_be_ready(
         def stop(self) -> None:
             pass
 
-    monkeypatch.setattr(api.node, "Leader", RefusingTerm)
+    monkeypatch.setattr(dispatch.api.node, "Leader", RefusingTerm)
     node._supervise()
     reason = node.not_ready_reason() or ""
     assert "dispatch.events[0] starts at 500, after the snapshot's offset 10" in reason

@@ -1,5 +1,5 @@
-"""`api.prefetch.Prefetcher`: batches handed over in order, one ahead at most, a wake-up ends
-a wait at once, a fetch's failure reaches the owner, and close stops the thread."""
+"""`dispatch.api.prefetch.Prefetcher`: batches handed over in order, one ahead at most, a wake-up
+ends a wait at once, a fetch's failure reaches the owner, and close stops the thread."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from api.prefetch import Prefetcher
+from dispatch.api.prefetch import Prefetcher
 
 
 class Source:

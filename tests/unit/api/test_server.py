@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from api.server import ScrubQueryStrings, scrub_path, scrub_uvicorn_logs, ws_max_size
+from dispatch.api.server import ScrubQueryStrings, scrub_path, scrub_uvicorn_logs, ws_max_size
 from dispatch.settings import Settings
 from dispatch.submit_records import ENVELOPE_BYTES
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from api.routes.stream import ASSIGN_MANY_MAX_BYTES, assign_many_messages
+from dispatch.api.routes.stream import ASSIGN_MANY_MAX_BYTES, assign_many_messages
 
 
 def _assignment(n: int, payload_bytes: int) -> dict[str, object]:

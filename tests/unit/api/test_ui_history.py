@@ -8,8 +8,8 @@ from itertools import pairwise
 
 import pytest
 
-from api.metrics import Metrics
-from api.ui_history import (
+from dispatch.api.metrics import Metrics
+from dispatch.api.ui_history import (
     Buckets,
     History,
     Reading,

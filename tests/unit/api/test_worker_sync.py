@@ -12,7 +12,7 @@ import contextlib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api.worker_sync import rejoin
+from dispatch.api.worker_sync import rejoin
 from dispatch.core import CoreConfig, Dispatcher, SubmitRequest
 from dispatch.core.errors import Rejected
 from dispatch.core.events import Assigned, Event, Reassigned

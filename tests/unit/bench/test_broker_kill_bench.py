@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench.broker_kill_bench import PAUSE_GOAL_S, Round, kill_plan, summary
-from bench.failover_bench import Outcome
+from dispatch.bench.broker_kill_bench import PAUSE_GOAL_S, Round, kill_plan, summary
+from dispatch.bench.failover_bench import Outcome
 
 
 def test_the_kill_plan_is_random_reproducible_and_within_the_cluster() -> None:

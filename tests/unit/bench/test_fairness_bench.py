@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench.fairness_bench import (
+from dispatch.bench.fairness_bench import (
     FLOOD,
     Workload,
     classes,

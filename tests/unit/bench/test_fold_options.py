@@ -1,12 +1,12 @@
-"""bench.fold_options' pure parts: the batch it generates and the partition fold it measures
-(whose results every mechanism is compared with)."""
+"""dispatch.bench.fold_options' pure parts: the batch it generates and the partition fold it
+measures (whose results every mechanism is compared with)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench.fold_options import (
+from dispatch.bench.fold_options import (
     events_table,
     fold_arrow,
     fold_partition,

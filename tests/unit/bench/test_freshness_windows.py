@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.freshness_windows import Window, shortfalls, windows_of
+from dispatch.bench.freshness_windows import Window, shortfalls, windows_of
 
 
 def test_windows_count_submitted_assigned_and_completed_per_second() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench import jvm_start_bench
+from dispatch.bench import jvm_start_bench
 
 
 def test_each_variant_runs_in_a_process_with_its_settings_and_the_medians_print(

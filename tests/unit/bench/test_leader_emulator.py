@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from bench.leader_emulator import PRODUCER, RECORD_MAX_BYTES, TICK_S, Load, tick_records
+from dispatch.bench.leader_emulator import PRODUCER, RECORD_MAX_BYTES, TICK_S, Load, tick_records
 from dispatch.core.events import Event
 from dispatch.event_records import decode_batch
 from dispatch.stack.broker import TOPIC_MAX_MESSAGE_BYTES

@@ -12,15 +12,21 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from bench import peers
-from bench.peer_tasks.redis_server import (
+from dispatch.bench import peers
+from dispatch.bench.peer_tasks.redis_server import (
     RedisBinary,
     library_packages,
     missing_sonames,
     redis_argv,
 )
-from bench.peer_tasks.runner import PeerResult
-from bench.peers import DispatchResult, comparison_rows, parse_dispatch, ratio, run_dispatch
+from dispatch.bench.peer_tasks.runner import PeerResult
+from dispatch.bench.peers import (
+    DispatchResult,
+    comparison_rows,
+    parse_dispatch,
+    ratio,
+    run_dispatch,
+)
 
 DISPATCH_OK = DispatchResult(
     "ok", jobs_per_s=3000.0, submit_requests_per_s=4000.0, sdk_loop_jobs_per_s=900.0

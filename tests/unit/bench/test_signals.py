@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.signals import EXIT_CODE, sigterm_unwinds, unwinds_on_sigterm
+from dispatch.bench.signals import EXIT_CODE, sigterm_unwinds, unwinds_on_sigterm
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = """
 import os, signal, sys, time
-from bench.signals import sigterm_unwinds
+from dispatch.bench.signals import sigterm_unwinds
 with sigterm_unwinds():
     try:
         os.kill(os.getpid(), signal.SIGTERM)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from bench.stats import machine, percentiles, steal_percent
+from dispatch.bench.stats import machine, percentiles, steal_percent
 
 
 def _ticks(steal: int, idle: int, user: int) -> dict[str, object]:

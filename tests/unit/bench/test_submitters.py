@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.submitters import Plan, Refused, Submitters, _read_answer
+from dispatch.bench.submitters import Plan, Refused, Submitters, _read_answer
 
 _BODY = b'{"id":"job-1","status":"queued","existing":false}'
 ACCEPTED = (

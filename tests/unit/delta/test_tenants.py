@@ -19,9 +19,9 @@ from dispatch.delta.tenants import (
     tenant_reports,
     window_start,
 )
+from dispatch.streaming.delta_commits import DeltaCommits
+from dispatch.streaming.rollup import StatsRollup, stats_row
 from dispatch.warehouse import Warehouse
-from streaming.delta_commits import DeltaCommits
-from streaming.rollup import StatsRollup, stats_row
 
 MINUTE = 1_800_000_000 - 1_800_000_000 % 60
 """A minute start (2027-01-15), so rows fall on a known day."""

@@ -31,11 +31,11 @@ from nbformat import NotebookNode
 from pyspark.sql import SparkSession
 
 import dispatch.settings
-import streaming.session
+import dispatch.streaming.session
 from dispatch.delta.tables import SCHEMAS
 from dispatch.settings import Settings
+from dispatch.streaming.session import S3A_FILESYSTEM, spark_config
 from notebooks.run import PARAMETERS_TAG, parameter_names, read_notebook
-from streaming.session import S3A_FILESYSTEM, spark_config
 
 NOTEBOOKS = Path(__file__).resolve().parents[3] / "notebooks"
 NAMES = ("queue_health", "job_forensics", "dlq_redrive", "throughput")
@@ -189,7 +189,7 @@ def forbidden(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setenv("DISPATCH_CONFIG", "/nonexistent/defaults.toml")
     monkeypatch.setattr(dispatch.settings, "load_settings", refused("load_settings"))
-    monkeypatch.setattr(streaming.session, "spark_session", refused("spark_session"))
+    monkeypatch.setattr(dispatch.streaming.session, "spark_session", refused("spark_session"))
     # The plots' backend: no display here.
     monkeypatch.setenv("MPLBACKEND", "Agg")
     return calls
@@ -319,7 +319,7 @@ def test_without_a_session_the_notebook_makes_its_own_and_stops_it(
         return made[-1]
 
     monkeypatch.setattr(dispatch.settings, "load_settings", lambda: settings)
-    monkeypatch.setattr(streaming.session, "spark_session", factory)
+    monkeypatch.setattr(dispatch.streaming.session, "spark_session", factory)
     namespace: Namespace = {}
     run_cell(name, PARAMETERS_TAG, namespace)
     set_up(name, namespace)
@@ -371,7 +371,7 @@ def test_its_own_session_reaches_the_store_the_warehouse_names(
         return FakeSession()
 
     monkeypatch.setattr(dispatch.settings, "load_settings", load_settings)
-    monkeypatch.setattr(streaming.session, "spark_session", factory)
+    monkeypatch.setattr(dispatch.streaming.session, "spark_session", factory)
     namespace: Namespace = {}
     run_cell(name, PARAMETERS_TAG, namespace)
     namespace["warehouse"] = warehouse

@@ -27,9 +27,9 @@ from dispatch.core.events import Assigned, Completed, DeadLettered, Event, Reass
 from dispatch.core.leases import seeded_lease_tokens
 from dispatch.delta import tables as t
 from dispatch.settings import DispatcherSettings
+from dispatch.streaming.decode import KafkaRow, LoggedEvent, event_bronze_row
+from dispatch.streaming.delta_commits import DeltaCommits
 from dispatch.warehouse import Warehouse
-from streaming.decode import KafkaRow, LoggedEvent, event_bronze_row
-from streaming.delta_commits import DeltaCommits
 
 ITERATION_S = (0.005, 0.02)
 LATENCY_S = 0.002

@@ -11,8 +11,8 @@ from deltalake import write_deltalake
 from dispatch.core.events import Event, WorkerHeartbeat
 from dispatch.delta import tables as t
 from dispatch.replay.source import WindowError, read_events, window_sql
+from dispatch.streaming.decode import KafkaRow, LoggedEvent, event_bronze_row, submit_bronze_row
 from dispatch.warehouse import Warehouse
-from streaming.decode import KafkaRow, LoggedEvent, event_bronze_row, submit_bronze_row
 from tests.unit.replay.recording import write_events_table
 
 DAY = 1_767_225_600.0  # 2026-01-01T00:00:00Z

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from dispatch.cli import app as dispatch_app
 from dispatch.cli_jobs import EXIT_USAGE, load_app, read_jobs_file, register
-from worker.examples import app as demo_app
-from worker.sdk import WorkerApp
+from dispatch.worker.examples import app as demo_app
+from dispatch.worker.sdk import WorkerApp
 
 
 def test_a_jobs_file_is_read_whole_before_anything_is_sent(tmp_path: Path) -> None:
@@ -39,9 +39,9 @@ def test_a_jobs_file_is_read_whole_before_anything_is_sent(tmp_path: Path) -> No
 def test_a_worker_app_is_found_by_module_and_attribute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert load_app("worker.examples:app") is demo_app
+    assert load_app("dispatch.worker.examples:app") is demo_app
     (tmp_path / "my_workers.py").write_text(
-        "from worker.sdk import WorkerApp\n"
+        "from dispatch.worker.sdk import WorkerApp\n"
         "def make():\n"
         "    app = WorkerApp('made')\n"
         "    app.add_handler('x.y', lambda job: None)\n"
@@ -96,13 +96,15 @@ register(dispatch_app)
         (["submit", "--file", "/nonexistent/jobs.jsonl"], "/nonexistent/jobs.jsonl"),
         (["submit", "x.y", "--url", "ftp://nowhere"], "--url: expected a node URL"),
         (["status", "--json"], "--url and --json apply to `status ID` only"),
-        (["worker", "--app", "worker.examples"], "expected module:attribute"),
-        (["worker", "--app", "worker.examples:nothing"], "has no attribute"),
-        (["worker", "--app", "worker.examples:app", "--subjects", "job.assign.x.*"],
+        (["worker", "--app", "dispatch.worker.examples"], "expected module:attribute"),
+        (["worker", "--app", "dispatch.worker.examples:nothing"], "has no attribute"),
+        (["worker", "--app", "dispatch.worker.examples:app", "--subjects", "job.assign.x.*"],
          "not covered by a handler"),
-        (["worker", "--app", "worker.examples:app", "-s", "job.assign.demo.echo,demo.sleep"],
+        (["worker", "--app", "dispatch.worker.examples:app",
+          "-s", "job.assign.demo.echo,demo.sleep"],
          "subject pattern such as"),
-        (["worker", "--app", "worker.examples:app", "--transport", "pigeon"], "--transport"),
+        (["worker", "--app", "dispatch.worker.examples:app", "--transport", "pigeon"],
+         "--transport"),
     ],
 )  # fmt: skip
 def test_usage_errors_are_one_line_with_exit_code_2(args: list[str], message: str) -> None:

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from worker.examples import app, echo, fail, flaky, sleep, stall
-from worker.jobs import Assignment, PermanentError, Retry
+from dispatch.worker.examples import app, echo, fail, flaky, sleep, stall
+from dispatch.worker.jobs import Assignment, PermanentError, Retry
 
 
 def _job(exec_name: str, payload: object = None, attempt: int = 1) -> Assignment:

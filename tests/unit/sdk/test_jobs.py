@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from worker.jobs import (
+from dispatch.worker.jobs import (
     Assignment,
     Outcome,
     PermanentError,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from worker.jobs import Assignment
-from worker.sdk import (
+from dispatch.worker.jobs import Assignment
+from dispatch.worker.sdk import (
     MIN_HEARTBEAT_PAUSE_S,
     WorkerApp,
     WorkerError,

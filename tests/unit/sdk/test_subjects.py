@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dispatch.core.subjects import compile_pattern
-from worker.subjects import HandlerTable, covers, exec_pattern_of, subject_of
+from dispatch.worker.subjects import HandlerTable, covers, exec_pattern_of, subject_of
 
 
 def test_exec_patterns_and_subjects_convert_both_ways() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from worker.jobs import Assignment, Outcome
-from worker.transports import SETTLEMENT_REFUSALS, _settlement
+from dispatch.worker.jobs import Assignment, Outcome
+from dispatch.worker.transports import SETTLEMENT_REFUSALS, _settlement
 
 JOB = Assignment(id="j", exec="a.b", payload=None, attempt=3, deadline=1.0, lease="L",
                  worker_id="w")  # fmt: skip

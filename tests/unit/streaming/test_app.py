@@ -8,10 +8,10 @@ import pytest
 
 from dispatch.settings import load_settings
 from dispatch.storage import Location
+from dispatch.streaming.app import checkpoint_dir, fold_place, parse_options, topics_of
+from dispatch.streaming.batch import BatchWriter
+from dispatch.streaming.decode import Topics
 from dispatch.warehouse import Warehouse
-from streaming.app import checkpoint_dir, fold_place, parse_options, topics_of
-from streaming.batch import BatchWriter
-from streaming.decode import Topics
 
 
 def test_command_line_options() -> None:

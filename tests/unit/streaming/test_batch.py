@@ -24,11 +24,11 @@ from dispatch.delta.progress import BATCH, Progress, latest_progress
 from dispatch.delta.snapshot import latest_snapshot
 from dispatch.event_records import decode_batch, encode_batch
 from dispatch.storage import Location
+from dispatch.streaming import guard
+from dispatch.streaming.batch import BatchWriter, _Positions, batch_end_offsets, query_id
+from dispatch.streaming.decode import KafkaRow, Topics
+from dispatch.streaming.fold import archived_row
 from dispatch.warehouse import Warehouse
-from streaming import guard
-from streaming.batch import BatchWriter, _Positions, batch_end_offsets, query_id
-from streaming.decode import KafkaRow, Topics
-from streaming.fold import archived_row
 from tests.unit.streaming.hostile import hostile_record
 from tests.unit.streaming.workload import mixed_workload
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispatch.settings import load_settings
-from streaming.class_training import training_settings
+from dispatch.streaming.class_training import training_settings
 
 
 def test_the_training_stack_is_throwaway_and_reads_no_archive(tmp_path: Path) -> None:

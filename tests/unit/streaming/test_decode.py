@@ -9,9 +9,8 @@ import math
 from dispatch.core.events import Cancelled, LeaderElected
 from dispatch.delta import tables as t
 from dispatch.event_records import encode_batch
-from dispatch.submit_records import Rejection
-from streaming import guard
-from streaming.decode import (
+from dispatch.streaming import guard
+from dispatch.streaming.decode import (
     KafkaRow,
     advance,
     decode_events,
@@ -27,6 +26,7 @@ from streaming.decode import (
     undecodable_bronze_row,
     unseen,
 )
+from dispatch.submit_records import Rejection
 
 WHEN = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 

@@ -1,4 +1,4 @@
-"""`streaming.delta_commits`: delta-rs commits keyed on (app, batch) apply once."""
+"""`dispatch.streaming.delta_commits`: delta-rs commits keyed on (app, batch) apply once."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.table import TableMerger
 
+from dispatch.streaming.delta_commits import DeltaCommits
 from dispatch.warehouse import Warehouse
-from streaming.delta_commits import DeltaCommits
 
 
 def table_at(path: Path) -> DeltaCommits:

@@ -13,8 +13,8 @@ from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import Assigned, Completed, Enqueued, Event
 from dispatch.core.job import JobStatus
 from dispatch.delta.job_rows import CLOSED, OPEN, JobKey, JobState, job_row, job_state
-from streaming.decode import LoggedEvent
-from streaming.fold import (
+from dispatch.streaming.decode import LoggedEvent
+from dispatch.streaming.fold import (
     BatchFold,
     archived_row,
     fence_batch,

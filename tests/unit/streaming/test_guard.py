@@ -10,7 +10,7 @@ import pytest
 
 from dispatch.core.events import Completed, Enqueued, LeaderElected
 from dispatch.delta import tables as t
-from streaming import guard
+from dispatch.streaming import guard
 from tests.unit.streaming.hostile import nested
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from dispatch.streaming.maintenance import Maintenance, MaintenancePolicy
 from dispatch.warehouse import Warehouse
-from streaming.maintenance import Maintenance, MaintenancePolicy
 
 NO_SPARK = cast(Any, None)
 """The recording subclass never touches Spark."""

@@ -4,7 +4,7 @@ the HTML and the text tables of a displayed DataFrame show the same rows."""
 
 from __future__ import annotations
 
-from streaming.notebook_display import show_each_table_once
+from dispatch.streaming.notebook_display import show_each_table_once
 
 
 def test_outside_ipython_nothing_is_registered() -> None:

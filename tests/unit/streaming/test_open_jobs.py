@@ -1,4 +1,4 @@
-"""`streaming.open_jobs`: the open partition of `jobs` kept between batches, and the `seq`
+"""`dispatch.streaming.open_jobs`: the open partition of `jobs` kept between batches, and the `seq`
 condition that narrows a MERGE to the files holding the touched rows (delta-rs tables on disk)."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from dispatch.core.job import JobRecord, JobStatus
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import CLOSED, OPEN, JobState, job_row, job_state
-from streaming.open_jobs import OpenJobs, cover_ranges, narrowing, value_ranges
-from streaming.planned import JOBS_SOURCE
+from dispatch.streaming.open_jobs import OpenJobs, cover_ranges, narrowing, value_ranges
+from dispatch.streaming.planned import JOBS_SOURCE
 
 
 def record(job_id: str, seq: int, status: JobStatus = JobStatus.QUEUED) -> JobRecord:
@@ -89,7 +89,7 @@ def test_many_merges_with_rebuilds_keep_the_cache_equal_to_a_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(OpenJobs, "rebuild_after", 10)
-    monkeypatch.setattr("streaming.open_jobs._COMBINE_AFTER", 3)
+    monkeypatch.setattr("dispatch.streaming.open_jobs._COMBINE_AFTER", 3)
     rng = random.Random(5)
     model = {("g", f"j{n}"): n for n in range(40)}
     initial = [(group, record(job_id, seq)) for (group, job_id), seq in model.items()]

@@ -1,4 +1,4 @@
-"""The fold's executor stages (streaming.partition_fold) against the driver's: the `events`
+"""The fold's executor stages (dispatch.streaming.partition_fold) against the driver's: the `events`
 rows of stage 1 are the driver's (bar `admitted`), and folding a batch split into partitions by
 job gives exactly the driver's jobs, archived lives, refusals and statistics."""
 
@@ -19,10 +19,10 @@ from dispatch.core.events import Completed, LeaderElected, Pruned
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import OPEN, JobKey, JobState, job_row, job_state
 from dispatch.delta.stats import StatsAccumulator
-from streaming.decode import KafkaRow, LoggedEvent, Refused
-from streaming.executor_plan import run_fence
-from streaming.fold import ArchivedLife, BatchFold, fence_batch, fold_batch
-from streaming.partition_fold import (
+from dispatch.streaming.decode import KafkaRow, LoggedEvent, Refused
+from dispatch.streaming.executor_plan import run_fence
+from dispatch.streaming.fold import ArchivedLife, BatchFold, fence_batch, fold_batch
+from dispatch.streaming.partition_fold import (
     FOLD_INPUT,
     KAFKA_COLUMNS,
     KIND_ARCHIVED,
@@ -37,7 +37,7 @@ from streaming.partition_fold import (
     fold_partition,
     prune_steps,
 )
-from streaming.rollup import aggregate, stats_row
+from dispatch.streaming.rollup import aggregate, stats_row
 from tests.unit.streaming.hostile import hostile_record
 from tests.unit.streaming.test_batch import WHEN, InMemoryWriter, events_rows_of, poison_values
 from tests.unit.streaming.test_fold import Tables, fold_in_batches, logged_events

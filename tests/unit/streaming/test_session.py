@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 
 from dispatch.settings import ConfigError, Settings, StorageSettings, load_settings, to_environment
 from dispatch.stack.jars import JarError, read_lock
-from streaming.session import (
+from dispatch.streaming.session import (
     S3A_FILESYSTEM,
     SIMPLE_CREDENTIALS,
     TEMPORARY_CREDENTIALS,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dispatch.core.job import DeadReason, JobStatus
+from dispatch.streaming.views import VIEWS, read_dlq, read_job
 from dispatch.warehouse import Warehouse
-from streaming.views import VIEWS, read_dlq, read_job
 from tests.unit.delta.test_snapshot import commit, record
 
 

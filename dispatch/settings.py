@@ -90,18 +90,29 @@ class ConfigError(Exception):
 
 
 class _Section(BaseModel):
-    # Unknown keys are typos: refuse them instead of silently ignoring them.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Unknown keys are typos: refuse them instead of silently ignoring them. A field's
+    # docstring is its description: the one place its meaning is written (docs/settings.md is
+    # generated from it, dispatch/settings_doc.py). A default goes through the validators as a
+    # value from a file does: a config file that leaves `paths.var` out still gets it resolved
+    # against the project root, not the working directory.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_attribute_docstrings=True, validate_default=True
+    )
 
 
 class PathSettings(_Section):
+    """Where a stack keeps its state. Relative paths are taken against the project root (the
+    folder holding `conf/`), so a command run from a sub-folder uses the same `var`."""
+
     var: Path = Path("var")
+    """The stack's own folder: broker data, checkpoints, logs, pid files, API keys."""
     warehouse: str = "delta"
     """The Delta tables: a path (relative: under `var`) or a URI (`s3://bucket/prefix`)."""
     checkpoints: str = ""
     """The streaming query's checkpoints: a path (relative: under `var`) or a URI; empty:
     `<var>/checkpoints` (see `checkpoint_root`)."""
     cache: Path = Path("~/.cache/dispatch")
+    """Downloaded jars and the Maven repository, outside the repository (shared by stacks)."""
 
     @field_validator("var", "cache")
     @classmethod
@@ -155,17 +166,37 @@ class PathSettings(_Section):
 
 
 class KafkaSettings(_Section):
+    """The Kafka log: the brokers (run by `dispatch up`, or the user's own) and the
+    dispatcher's topics."""
+
     bootstrap: str = "127.0.0.1:9092"
+    """The PLAINTEXT listener of each broker, `host:port`, comma-separated. For a local
+    cluster of several `brokers`, one address is enough: node n (from 0) listens on its port
+    + 2n."""
     controller_port: int = Field(9093, ge=1, le=65535)
+    """The KRaft controller listener of the local broker; node n (from 0) listens on
+    controller_port + 2n."""
     heap: str = Field("512m", pattern=r"^[0-9]+[mMgG]$")
+    """JVM heap of each local broker (`512m`, `1g`)."""
     start_timeout_s: float = Field(90.0, gt=0)
+    """How long `dispatch up` waits for the brokers to answer."""
     submit_topic: str = Field("dispatch.submit", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    """The topic submissions are written to (any node takes them); the leader consumes it."""
     events_topic: str = Field("dispatch.events", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    """The leader's write-ahead log of decisions (`enqueued`, `assigned`, `completed`...),
+    written in transactions; a new leader rebuilds its state from it."""
     rejected_topic: str = Field("dispatch.submit.rejected", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    """Submission records the leader refused as invalid, each with its reason."""
     submit_partitions: int = Field(2, ge=1)
+    """Partitions of the submit topic: any producer writes there; order matters only per job
+    id."""
     events_partitions: int = Field(1, ge=1)
+    """Partitions of the events topic: one dispatcher group writes one partition, in strict
+    order."""
     rejected_partitions: int = Field(1, ge=1)
+    """Partitions of the rejected topic."""
     retention_hours: int = Field(168, ge=1)
+    """How long Kafka keeps records (a week); the Delta tables keep the history for years."""
     brokers: int = Field(1, ge=1, le=9)
     """How many brokers the cluster has: the local stack runs that many KRaft nodes on
     loopback (docs/deployment.md, "Kafka profiles"); with `external`, the size of the user's
@@ -265,15 +296,21 @@ class KafkaSettings(_Section):
 
 
 class SparkSettings(_Section):
+    """The Spark Structured Streaming query that folds the log into the Delta tables, and the
+    standalone cluster the local stack may run for it (docs/streaming.md)."""
+
     master: str = "local[2]"
     """`local[N]` runs everything in the driver's JVM; `spark://host:port` uses a standalone
     cluster (docs/streaming.md, "Running on a Spark cluster")."""
     shuffle_partitions: int = Field(2, ge=1)
+    """`spark.sql.shuffle.partitions` of the driver's session."""
     ui_enabled: bool = False
+    """Start the driver's web UI and REST API (on `ui_port`)."""
     ui_port: int = Field(4040, ge=1, le=65535)
     """The driver's web UI and REST API (`/api/v1`), when `ui_enabled`; Spark tries the next
     ports if it is taken."""
     driver_memory: str = Field("2g", pattern=r"^[0-9]+[mMgG]$")
+    """Heap of the Spark driver's JVM (`spark.driver.memory`)."""
     driver_host: str = Field("127.0.0.1", min_length=1)
     """The address executors reach the driver at: on a cluster of several machines, one the
     workers can route to (loopback only works when every worker is on this machine)."""
@@ -312,9 +349,16 @@ def _is_loopback_master(master: str) -> bool:
 
 
 class ApiSettings(_Section):
+    """The FastAPI nodes `dispatch up` runs: one leads (it holds the lease), the others
+    stand by and take submissions too."""
+
     host: str = "127.0.0.1"
+    """The interface every node listens on."""
     ports: list[int] = Field(default_factory=lambda: [8000, 8001], min_length=1)
+    """One node per port: the first one and its standbys."""
     max_payload_bytes: int = Field(1_048_576, ge=1)
+    """The largest payload (a job's input or result) a node accepts, in bytes; a larger
+    request is refused, and so is a larger record on the submit topic."""
     access_log: bool = False
     """uvicorn's line per request (off by default: a large share of a single-job request's
     CPU, BENCHMARKS.md)."""
@@ -332,15 +376,27 @@ class ApiSettings(_Section):
 
 
 class DispatcherSettings(_Section):
+    """The dispatcher's policy: caps, deadlines, retries (docs/core.md)."""
+
     group: str = Field("default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """The dispatcher group: one group has one lease, one leader and one events partition."""
     default_cap: int = Field(100, ge=1)
+    """Jobs in flight per client, unless `caps` names the client."""
     caps: dict[str, int] = Field(default_factory=dict)
+    """Per-client caps: client_id = cap."""
     ack_timeout_s: float = Field(30.0, gt=0)
+    """The deadline of a job's first attempt: a job not acked by then is requeued."""
     backoff_multiplier: float = Field(2.0, ge=1.0)
+    """Attempt n's deadline is ack_timeout_s * backoff_multiplier^(n-1)..."""
     max_ack_timeout_s: float = Field(600.0, gt=0)
+    """... but never more than this."""
     max_attempts: int = Field(5, ge=1)
+    """Attempts of a job before it goes to the dead-letter queue."""
     worker_expiry_s: float = Field(15.0, gt=0)
+    """A REST worker silent this long is lost; its jobs are requeued."""
     dedup_window_s: float = Field(86400.0, gt=0)
+    """Finished jobs stay in the leader's memory this long: a resubmit of the same job id
+    within it answers the existing job."""
     accept_log_gap: bool = False
     """Lead even when the events log's retention removed records the rebuild needs (after the
     newest snapshot's offsets): those decisions are lost. Off by default: such a node refuses
@@ -380,7 +436,7 @@ class TenantSettings(_Section):
     `/metrics`."""
 
     wait_target_s: float = 5.0
-    """The queue-wait target of every client `wait_targets` does not name."""
+    """The queue-wait target, in seconds, of every client `wait_targets` does not name."""
     wait_targets: dict[str, float] = Field(default_factory=dict)
     """Per-client targets: client_id = seconds."""
     metrics_clients: int = Field(20, ge=1, le=1000)
@@ -412,9 +468,15 @@ class TenantSettings(_Section):
 
 
 class LeaseSettings(_Section):
+    """The leader's lease, a row in the Delta table `leases`. A failover takes about `ttl_s`
+    (the dead leader's lease must expire) plus the rebuild."""
+
     ttl_s: float = Field(3.0, gt=0)
+    """A lease lasts this long unless renewed."""
     renew_every_s: float = Field(0.5, gt=0)
+    """The leader renews this often, well before expiry; standbys look this often too."""
     clock_skew_margin_s: float = Field(1.0, ge=0)
+    """A leader stops dispatching this long before its lease ends, in case clocks differ."""
 
     @model_validator(mode="after")
     def _renew_before_expiry(self) -> LeaseSettings:
@@ -434,17 +496,25 @@ class StorageSettings(_Section):
     endpoint_url: str = Field("", pattern=r"^(https?://[^/\s]+/?)?$")
     """An S3-compatible server (`http://127.0.0.1:9000`); empty: AWS S3 itself."""
     region: str = ""
+    """The bucket's region; empty: AWS_REGION, else us-east-1 for a custom endpoint."""
     access_key_id: str = ""
+    """The access key; empty: AWS_ACCESS_KEY_ID, else the AWS SDK's lookup."""
     # Kept out of repr(), so a logged settings object does not leak them.
     secret_access_key: str = Field("", repr=False)
+    """The secret key; better given in the environment (DISPATCH_STORAGE__SECRET_ACCESS_KEY
+    or AWS_SECRET_ACCESS_KEY) than in a file."""
     session_token: str = Field("", repr=False)
+    """A temporary credential's session token; empty: AWS_SESSION_TOKEN."""
     allow_http: bool = False
     """Plain-HTTP endpoints other than loopback (loopback is always allowed)."""
     virtual_hosted_style: bool = False
     """`bucket.host/key` requests instead of `host/bucket/key` (path style)."""
     request_timeout_s: float = Field(10.0, gt=0)
+    """The time limit of one request."""
     connect_timeout_s: float = Field(5.0, gt=0)
+    """The time limit of opening a connection."""
     max_retries: int = Field(3, ge=0)
+    """How many times one request is retried at most."""
     retry_timeout_s: float = Field(15.0, gt=0)
     """Retries of one request stop after this long (object_store retries 5xx and timeouts)."""
     serve: bool = False
@@ -492,9 +562,16 @@ class JvmSettings(_Section):
 
 
 class AuthSettings(_Section):
-    # Relative to paths.var (resolved by Settings), so each stack has its own keys.
+    """Bearer API keys (docs/security.md). Roles: client (submits, reads and cancels its own
+    jobs), worker (polls and settles the leases it holds), admin (everything, the DLQ too).
+    Relative paths are taken under `paths.var`, so each stack has its own keys."""
+
     keys_file: Path = Path("api-keys.json")
+    """The keys the nodes accept, as SHA-256 hashes only: a JSON list of `{"name", "role",
+    "client_id", "sha256"}`."""
     dev_keys_file: Path = Path("dev-keys.json")
+    """Local development keys in plain text, one per role, which `dispatch keys` creates on
+    first use (their hashes go to `keys_file`). For a development stack only."""
 
 
 class Settings(BaseSettings):
@@ -507,6 +584,7 @@ class Settings(BaseSettings):
         frozen=True,
     )
 
+    # A section's meaning is its class's docstring (docs/settings.md).
     paths: PathSettings = Field(default_factory=PathSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)

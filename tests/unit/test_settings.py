@@ -202,3 +202,16 @@ def test_tenant_targets_travel_to_another_process(monkeypatch: pytest.MonkeyPatc
     for name, value in to_environment(original).items():
         monkeypatch.setenv(name, value)
     assert load_settings().tenants == original.tenants
+
+
+def test_the_defaults_file_holds_the_models_own_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # conf/defaults.toml documents the defaults; it must not change them (docs/settings.md is
+    # generated from the model's), so a file without it loads the same settings. Each key's
+    # presence, comment and value: test_settings_doc.py.
+    from_file = load_settings()
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    monkeypatch.setenv("DISPATCH_CONFIG", str(empty))
+    assert load_settings() == from_file

@@ -268,7 +268,7 @@ class EventLog:
             # (a millisecond or two); kafka-python then waits `retry_backoff_ms` before asking
             # again, 100 ms by default, for AddOffsetsToTxn every time. With one transaction per
             # loop iteration that wait was most of the commit (a lone loop of transactions
-            # was ten times faster at 2 ms: BENCHMARKS.md, *End to end*, the history). Connection
+            # was ten times faster at 2 ms: BENCHMARKS-history.md, *End to end*). Connection
             # failures keep their own growing backoff (`reconnect_backoff_ms`).
             retry_backoff_ms=2,
         )

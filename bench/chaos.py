@@ -1,10 +1,10 @@
 """Chaos run: a known job mix at a steady rate through a real stack while faults are injected,
-then Jepsen-style safety counts and liveness figures (issue 13).
+then Jepsen-style safety counts and liveness figures.
 
-    .venv/bin/python -m dispatch.bench.chaos                                  # 6,000 jobs at 150/s
-    .venv/bin/python -m dispatch.bench.chaos --jobs 300 --rate 20 --faults leader,worker --json
-    out.json .venv/bin/python -m dispatch.bench.chaos --json -                     # JSON on stdout,
-    no table
+    .venv/bin/python -m dispatch.bench.chaos                 # 6,000 jobs at 150/s, tables
+    .venv/bin/python -m dispatch.bench.chaos --jobs 300 --rate 20 --faults leader,worker \
+        --out out.json                                       # tables, and the JSON in a file
+    .venv/bin/python -m dispatch.bench.chaos --json          # the JSON on stdout, no tables
 
 **The stack.** `LocalStack` (broker, topics, streaming fold, two API nodes) in a temporary
 folder on free ports (`chaos_stack`), plus `--workers` worker processes of
@@ -859,10 +859,9 @@ def _s(value: float | None) -> str:
 
 
 @unwinds_on_sigterm
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m dispatch.bench.chaos", description=__doc__.split("\n\n")[0]
-    )
+def main(argv: list[str] | None = None, prog: str = "python -m dispatch.bench.chaos") -> int:
+    """The command line; `prog` is the name its usage shows (`dispatch chaos` passes its own)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, help="planned jobs (default: rate x duration, 6000)")
     parser.add_argument("--rate", type=float, default=150.0, help="jobs submitted per second")
     parser.add_argument("--duration", type=float, help="seconds of load (sets --jobs)")
@@ -881,7 +880,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", choices=["cluster"], help="the cluster profile's stack (conf/profiles/)"
     )
-    parser.add_argument("--json", help="write the result as JSON to this file ('-': stdout)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as JSON on stdout, not as tables"
+    )
+    parser.add_argument("--out", type=Path, help="also write the result as JSON to this file")
     args = parser.parse_args(argv)
     jobs = args.jobs
     if jobs is None:
@@ -893,12 +895,12 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     result = run_chaos(options)
     document = result_json(result)
-    if args.json == "-":
+    if args.json:
         print(json.dumps(document, indent=1))
     else:
         print_tables(result)
-        if args.json:
-            Path(args.json).write_text(json.dumps(document, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(document, indent=1))
     return 0 if result.passed else 1
 
 

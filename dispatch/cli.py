@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dispatch.cli_jobs import EXIT_CODES, EXIT_USAGE
 from dispatch.cli_jobs import register as register_job_commands
 from dispatch.cli_replay import register_replay_command
 from dispatch.stack.process import ProcessError
@@ -20,10 +21,22 @@ if TYPE_CHECKING:
     from dispatch.settings import Settings
     from dispatch.stack.local import ComponentStatus, LocalStack
 
+
+def _exit_codes_epilog() -> str:
+    # One line per code, each its own paragraph: help is rendered as Markdown (see `app`).
+    return "Exit codes:\n\n" + "\n".join(
+        f"- **{code}** {meaning}" for code, meaning in EXIT_CODES.items()
+    )
+
+
+# Markdown, not rich's markup: rich mode keeps a docstring's line breaks in the command list
+# (a help text broke mid-sentence); Markdown joins a paragraph's lines and shows `code`.
 app = typer.Typer(
     help="A job dispatcher centred on Spark Structured Streaming.",
+    epilog=_exit_codes_epilog(),
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode="markdown",
 )
 console = Console()
 errors = Console(stderr=True)
@@ -51,9 +64,39 @@ def _settings_and_profile(profile: str = "") -> tuple[Settings, str]:
         raise typer.Exit(2) from error
 
 
-def _fail(error: Exception) -> typer.Exit:
+def _fail(error: Exception, code: int = 1) -> typer.Exit:
     errors.print(f"[red]error:[/red] {error}", markup=True, highlight=False)
-    return typer.Exit(1)
+    return typer.Exit(code)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dispatch")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"dispatch {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """A job dispatcher centred on Spark Structured Streaming."""
 
 
 @app.command()
@@ -146,7 +189,7 @@ def restart(
     from dispatch.stack.local import LocalStack
 
     if (component == "node") != (port is not None):
-        raise _fail(ValueError("give a PORT with `node`, and only with `node`"))
+        raise _fail(ValueError("give a PORT with `node`, and only with `node`"), EXIT_USAGE)
     stack = LocalStack(_settings())
     try:
         restarted = stack.restart(component, port)
@@ -206,7 +249,7 @@ def keys(
     dev_keys = ensure_dev_keys(_settings().auth)
     if role is not None:
         if role not in dev_keys:
-            raise _fail(ValueError(f"--role: expected one of {', '.join(dev_keys)}"))
+            raise _fail(ValueError(f"--role: expected one of {', '.join(dev_keys)}"), EXIT_USAGE)
         console.print(dev_keys[role], highlight=False)
         return
     for name, key in dev_keys.items():
@@ -317,7 +360,7 @@ def chaos(context: typer.Context) -> None:
     them)."""
     from dispatch.bench.chaos import main as chaos_main
 
-    raise typer.Exit(chaos_main(list(context.args)))
+    raise typer.Exit(chaos_main(list(context.args), prog="dispatch chaos"))
 
 
 # The job commands (submit, status ID, dlq, worker) live in their own module.

@@ -1,15 +1,24 @@
 """The job commands of `dispatch`: `submit`, `status ID`, `dlq list`, `dlq redrive`, `worker`.
 
 `register(app)` adds them to the `dispatch` Typer app. Output is for people (rich), or one
-JSON document on stdout with `--json`; an error is one line on stderr. Exit codes:
+JSON document on stdout with `--json`; an error is one line on stderr. Exit codes (the one
+table of them all is `EXIT_CODES`, shown by `dispatch --help`):
 
 | code | meaning |
 |---|---|
 | 0 | done (with `--wait`: the job succeeded) |
 | 1 | the request failed (API error, no node reachable) |
 | 2 | bad usage or input (a flag, `--payload` that is not JSON, a bad line in `--file`) |
-| 3 | `--wait` ran out of time before the job ended |
 | 4 | `--wait`: the job ended dead or cancelled |
+| 124 | `--wait` ran out of time before the job ended (as `timeout(1)`) |
+
+With nothing listening at the nodes' URLs, a command fails at once (the client's
+`fail_fast`), saying how to start a stack or name another; a node that answers, even with a
+503 during an election, is retried for `CLI_RETRY_S`.
+
+The key: `--api-key`, else `DISPATCH_API_KEY`, else the local stack's development key of the
+command's role (`dispatch keys`): the client key for `submit` and `status`, the admin key for
+`dlq`, the worker key for `worker`.
 
 Run them before `dispatch/cli.py` registers them with `python -m dispatch.cli_jobs ...`.
 """
@@ -41,12 +50,27 @@ if TYPE_CHECKING:
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-EXIT_TIMEOUT = 3
+EXIT_NOT_RUNNING = 3
 EXIT_JOB_FAILED = 4
+EXIT_TIMEOUT = 124
+EXIT_CODES: dict[int, str] = {
+    0: "done (with --wait: the job succeeded)",
+    1: "failure (an API error, no node reachable, a command that failed)",
+    2: "bad usage or input (an option, a value, a file)",
+    EXIT_NOT_RUNNING: "`dispatch status`: a process of the local stack is not running",
+    EXIT_JOB_FAILED: "`submit --wait`: the job ended dead or cancelled",
+    EXIT_TIMEOUT: "`submit --wait --timeout`: the job had not ended in time (as timeout(1))",
+}
+"""Every exit code of `dispatch`, each with one meaning (shown by `dispatch --help`)."""
 
 CLI_RETRY_S = 15.0
-"""How long a command retries when no node answers: enough to ride out a leader failover
-(a lease lasts 10 s), short enough to fail soon when nothing runs."""
+"""How long a command retries while a node answers but cannot serve (a 503 or a 307 during a
+leader election): enough to ride out a failover (a lease lasts 10 s). With nothing listening
+at all, a command fails at once instead (`fail_fast`)."""
+NOT_RUNNING_HINT = (
+    "is the stack running? `dispatch up --detach` starts a local one; "
+    "--url or DISPATCH_URL names other nodes"
+)
 _REGISTERED = "_dispatch_job_commands"
 STATUS_COLOURS = {"queued": "cyan", "running": "yellow", "succeeded": "green", "dead": "red",
                   "cancelled": "magenta"}  # fmt: skip
@@ -60,6 +84,15 @@ UrlOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        help="Bearer API key. Default: $DISPATCH_API_KEY, else the local stack's development "
+        "key for the command (`dispatch keys`).",
+        show_default=False,
+    ),
+]
 
 
 # --- plumbing -------------------------------------------------------------------------------
@@ -75,18 +108,31 @@ def _print_json(data: Any) -> None:
     typer.echo(json.dumps(data, ensure_ascii=False))
 
 
+def api_key_for(role: str, given: str | None) -> str | None:
+    """The key a command uses: `--api-key`, else $DISPATCH_API_KEY, else the local stack's
+    development key of `role` (client, worker or admin)."""
+    from dispatch.client import default_api_key
+
+    return given or default_api_key(role)
+
+
 @contextmanager
-def _client(url: str | None) -> Iterator[Client]:
-    """A client from `--url` or the environment; API and network errors become one line."""
-    from dispatch.client import Client, DispatchError
+def _client(url: str | None, api_key: str | None = None, role: str = "client") -> Iterator[Client]:
+    """A client from `--url`/`--api-key` or the environment, failing fast when nothing
+    listens; API and network errors become one line."""
+    from dispatch.client import Client, DispatchError, Unreachable
 
     try:
-        client = Client(url or None, retry_timeout_s=CLI_RETRY_S)
+        client = Client(
+            url or None, api_key_for(role, api_key), retry_timeout_s=CLI_RETRY_S, fail_fast=True
+        )
     except ValueError as error:
         _fail(f"--url: {error}", EXIT_USAGE)
     try:
         with client:
             yield client
+    except Unreachable as error:
+        _fail(f"{error.detail}: {NOT_RUNNING_HINT}")
     except DispatchError as error:
         _fail(str(error))
 
@@ -211,6 +257,7 @@ def submit(
     priority: Annotated[int, typer.Option("--priority", help="Higher runs first.")] = 0,
     delay: Annotated[float, typer.Option("--delay", min=0, help="Start after S seconds.")] = 0.0,
     url: UrlOption = None,
+    api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Submit a job: `submit EXEC --payload JSON [--wait]`, or many: `submit --file jobs.jsonl`."""
@@ -222,7 +269,7 @@ def submit(
         if exec_name is not None or payload is not None or job_id is not None or wait:
             _fail("--file submits the file's jobs: give no EXEC, --payload, --id or --wait",
                   EXIT_USAGE)  # fmt: skip
-        _submit_file(file, url, as_json)
+        _submit_file(file, url, api_key, as_json)
         return
     if exec_name is None:
         _fail("give an EXEC (job type) or --file", EXIT_USAGE)
@@ -235,8 +282,10 @@ def submit(
         )  # fmt: skip
     except ValidationError as error:
         _fail(str(error.errors()[0]["msg"]), EXIT_USAGE)
-    with _client(url) as client:
+    with _client(url, api_key) as client:
         accepted = client.submit(**submission.to_body())
+        if accepted.warning:  # e.g. no worker serves the exec: the job would wait in silence
+            typer.echo(f"warning: {accepted.warning}", err=True)
         if not wait:
             _show_accepted(accepted, as_json)
             return
@@ -264,7 +313,7 @@ def _show_accepted(accepted: Accepted, as_json: bool) -> None:
         Console().print(f"accepted job {escape(accepted.id)}: {_status(accepted.status)}")
 
 
-def _submit_file(path: Path, url: str | None, as_json: bool) -> None:
+def _submit_file(path: Path, url: str | None, api_key: str | None, as_json: bool) -> None:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -286,7 +335,7 @@ def _submit_file(path: Path, url: str | None, as_json: bool) -> None:
         TextColumn("submitting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=Console(stderr=True), transient=as_json,
     )  # fmt: skip
-    with _client(url) as client, progress:
+    with _client(url, api_key) as client, progress:
         task = progress.add_task("submit", total=len(jobs))
 
         def advance(answers: list[Accepted]) -> None:
@@ -312,9 +361,9 @@ def _submit_file(path: Path, url: str | None, as_json: bool) -> None:
 # --- status and the dead-letter queue -------------------------------------------------------
 
 
-def job_status(job_id: str, url: str | None, as_json: bool) -> None:
+def job_status(job_id: str, url: str | None, as_json: bool, api_key: str | None = None) -> None:
     """`dispatch status ID`: one job's status, attempts, result or error."""
-    with _client(url) as client:
+    with _client(url, api_key) as client:
         job = client.get(job_id)
     if as_json:
         _print_json(job.model_dump())
@@ -329,14 +378,16 @@ def _status_command(stack_status: Callable[[], None] | None) -> Callable[..., No
             typer.Argument(metavar="[ID]", help="A job id: show that job.", show_default=False),
         ] = None,
         url: UrlOption = None,
+        api_key: ApiKeyOption = None,
         as_json: JsonOption = False,
     ) -> None:
-        """Show a job (`status ID`), or which processes of the local stack run (`status`)."""
+        """Show a job (`status ID`), or which processes of the local stack run (`status`,
+        exit code 3 when one is not)."""
         if job_id is not None:
-            job_status(job_id, url, as_json)
+            job_status(job_id, url, as_json, api_key)
         elif stack_status is not None:
-            if url is not None or as_json:
-                _fail("--url and --json apply to `status ID` only", EXIT_USAGE)
+            if url is not None or api_key is not None or as_json:
+                _fail("--url, --api-key and --json apply to `status ID` only", EXIT_USAGE)
             stack_status()
         else:
             _fail("give a job ID", EXIT_USAGE)
@@ -348,10 +399,12 @@ def dlq_list(
     exec_name: Annotated[str | None, typer.Option("--exec", help="Only jobs of this exec.")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 100,
     url: UrlOption = None,
+    api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List dead-lettered jobs, oldest first."""
-    with _client(url) as client:
+    """List dead-lettered jobs, oldest first (an admin command: the admin development key
+    by default)."""
+    with _client(url, api_key, "admin") as client:
         jobs = client.dlq(exec_name, limit)
     if as_json:
         _print_json([job.model_dump() for job in jobs])
@@ -377,10 +430,12 @@ def dlq_list(
 def dlq_redrive(
     job_id: Annotated[str, typer.Argument(metavar="ID", help="A dead job's id.")],
     url: UrlOption = None,
+    api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Requeue a dead job with its attempts reset."""
-    with _client(url) as client:
+    """Requeue a dead job with its attempts reset (an admin command: the admin development
+    key by default)."""
+    with _client(url, api_key, "admin") as client:
         job = client.redrive(job_id)
     if as_json:
         _print_json(job.model_dump())
@@ -442,8 +497,10 @@ def worker(
     ] = None,
     worker_id: Annotated[str | None, typer.Option("--worker-id", help="Default: unique.")] = None,
     url: UrlOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
-    """Run a worker process: take jobs for the app's handlers until SIGTERM or Ctrl-C."""
+    """Run a worker process: take jobs for the app's handlers until SIGTERM or Ctrl-C. With
+    no node reachable yet, it says so at once and keeps trying."""
     from dispatch.client import DispatchError
     from dispatch.worker.sdk import RunOptions, WorkerError
 
@@ -454,6 +511,7 @@ def worker(
         app = load_app(app_reference)
         options: RunOptions = {
             "urls": url,
+            "api_key": api_key_for("worker", api_key),
             "worker_id": worker_id,
             "subjects": patterns or None,
             "concurrency": concurrency,
@@ -495,7 +553,11 @@ def register(app: typer.Typer) -> None:
             app.registered_commands.remove(info)
     app.command("submit")(submit)
     app.command("status")(_status_command(stack_status))
-    dlq = typer.Typer(help="Read and repair the dead-letter queue.", no_args_is_help=True)
+    dlq = typer.Typer(
+        help="Read and repair the dead-letter queue.",
+        no_args_is_help=True,
+        rich_markup_mode="markdown",  # as `dispatch` itself (dispatch/cli.py)
+    )
     dlq.command("list")(dlq_list)
     dlq.command("redrive")(dlq_redrive)
     app.add_typer(dlq, name="dlq")

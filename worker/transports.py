@@ -13,16 +13,22 @@ the free slots. A WebSocket worker is kept known by its open socket (the node he
 it), and never polls over REST (the node refuses a poll for a worker served by a socket): its
 credit is set by each hello and added to on the socket (see `WebSocketTransport`). Only a
 message from the server counts as "heard": writes to a socket whose node stalled go nowhere.
+
+No node reachable: a worker keeps trying for as long as it runs (it may start before the
+stack), and says so at once, then every `OUTAGE_REMINDER_S` (`_Outage`); a connection attempt
+fails fast when every node refuses it, so the first line comes at once, not after the client's
+retry budget. Closing ends a connection attempt, a pause or an idle long-poll at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from websockets.asyncio.client import ClientConnection
@@ -44,6 +50,16 @@ log = logging.getLogger("dispatch.worker")
 
 SETTLEMENT_REFUSALS = frozenset({"stale_lease", "already_settled", "not_found", "invalid"})
 """Error codes that refuse an ack or fail for good: resending it cannot help."""
+OUTAGE_REMINDER_S = 30.0
+"""While no node answers, how often a worker says again that it is still trying."""
+WITHDRAWN_POLL_WAIT_S = 1.0
+"""How long a closing REST worker lets its last long-poll run once its credit was withdrawn:
+the leader assigns nothing more, and what it assigned before wakes the poll at once."""
+NOT_RUNNING_HINT = (
+    "is the stack running? `dispatch up --detach` starts a local one; "
+    "DISPATCH_URL (or --url) names other nodes"
+)
+T = TypeVar("T")
 
 
 class Runtime(Protocol):
@@ -115,6 +131,63 @@ def _settlement(held: Assignment, outcome: Outcome) -> dict[str, Any]:
     return message
 
 
+class _Outage:
+    """Says that no node answers: at the first failure, then every `OUTAGE_REMINDER_S`
+    while it lasts, and once when a node answers again (a worker retrying in silence looks
+    hung; one line per retry buries everything else)."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.since: float | None = None
+        self.said_at = 0.0
+        self.failures = 0
+
+    def failed(self, error: DispatchError, retry_in_s: float) -> None:
+        now = time.monotonic()
+        self.failures += 1
+        if self.since is None:
+            self.since = now
+        elif now - self.said_at < OUTAGE_REMINDER_S:
+            log.debug("worker %s: still no node (%s)", self.worker_id, error.detail)
+            return
+        self.said_at = now
+        if self.failures == 1:
+            log.warning("worker %s: cannot reach a node: %s; %s; retrying until one answers",
+                        self.worker_id, error.detail, NOT_RUNNING_HINT)  # fmt: skip
+        else:
+            log.warning("worker %s: still no node after %.0f s and %d tries (%s); retrying "
+                        "in %.1f s", self.worker_id, now - self.since, self.failures,
+                        error.detail, retry_in_s)  # fmt: skip
+
+    def recovered(self, node: object) -> None:
+        if self.since is not None:
+            log.info("worker %s: reached %s after %.0f s without a node", self.worker_id, node,
+                     time.monotonic() - self.since)  # fmt: skip
+        self.since, self.failures = None, 0
+
+
+async def _unless(
+    event: asyncio.Event, work: Awaitable[T], *, grace_s: Callable[[], float] | None = None
+) -> asyncio.Future[T] | None:
+    """`work`, ended (its `result()` is its value or raises its error), or None when `event`
+    was set first (`work` then got `grace_s()` more, asked when the event came, before it
+    was cancelled)."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and grace_s is not None:
+            await asyncio.wait({task}, timeout=grace_s())
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return None
+        return task
+    finally:
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+
+
 class _KeepAlive:
     """The REST poll both transports use to stay known to the leader (see the module doc)."""
 
@@ -131,9 +204,11 @@ class _KeepAlive:
     def due_in_s(self) -> float:
         return self.last_heard + self.runtime.keepalive_s - time.monotonic()
 
-    async def poll(self, credits: int, wait_s: float = 0.0) -> None:
+    async def poll(self, credits: int, wait_s: float = 0.0, *, fail_fast: bool = False) -> None:
         runtime = self.runtime
-        assignments = await self.client.poll(runtime.worker_id, runtime.subjects, credits, wait_s)
+        assignments = await self.client.poll(
+            runtime.worker_id, runtime.subjects, credits, wait_s, fail_fast=fail_fast
+        )
         self.heard()
         for assignment in assignments:
             runtime.accept(assignment)
@@ -164,6 +239,8 @@ class WebSocketTransport:
         self._drained = asyncio.Event()
         self._drained.set()
         self._closing = False
+        self._closed = asyncio.Event()  # set with _closing: ends a connection attempt at once
+        self._outage = _Outage(runtime.worker_id)
         self._leader_hint: str | None = None
         self._freed_unsent = 0  # slots freed after the hello's count, granted once open
         self._background: set[asyncio.Task[None]] = set()
@@ -193,15 +270,22 @@ class WebSocketTransport:
         while not self._closing:
             self._freed_unsent = 0
             try:
-                socket, welcome = await self.client.open_stream(self.hello())
+                # Fail fast when every node refuses: this loop retries for as long as the
+                # worker runs, and says so at once (see _Outage).
+                opening = await _unless(
+                    self._closed, self.client.open_stream(self.hello(), fail_fast=True)
+                )
+                if opening is None:  # closed while connecting
+                    return
+                socket, welcome = opening.result()
             except Unavailable as error:
                 delay = self.backoff.delay(failures)
                 failures += 1
-                log.warning("worker %s: no leader reachable (%s); retrying in %.1f s",
-                            self.runtime.worker_id, error.detail, delay)  # fmt: skip
-                await asyncio.sleep(delay)
+                self._outage.failed(error, delay)
+                await _unless(self._closed, asyncio.sleep(delay))
                 continue
             failures = 0
+            self._outage.recovered(welcome.get("node"))
             log.info("worker %s: connected to %s", self.runtime.worker_id, welcome.get("node"))
             await self._serve(socket)
 
@@ -335,6 +419,7 @@ class WebSocketTransport:
             log.warning("worker %s: %d settlement(s) unconfirmed at exit",
                         self.runtime.worker_id, len(self._unconfirmed))  # fmt: skip
         self._closing = True
+        self._closed.set()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -355,6 +440,8 @@ class RestTransport:
         self.alive = _KeepAlive(client, runtime)
         self._slot_freed = asyncio.Event()
         self._closing = asyncio.Event()
+        self._withdrawn = False
+        self._outage = _Outage(runtime.worker_id)
 
     async def run(self) -> None:
         failures = 0
@@ -368,17 +455,31 @@ class RestTransport:
             wait_s = runtime.keepalive_s if credits > 0 else 0.0
             self._slot_freed.clear()
             try:
-                await self.alive.poll(credits, wait_s)
+                polled = await _unless(
+                    self._closing,
+                    self.alive.poll(credits, wait_s, fail_fast=True),
+                    grace_s=functools.partial(self._closing_poll_wait_s, wait_s),
+                )
+                if polled is None:  # closed meanwhile
+                    return
+                polled.result()
             except Unavailable as error:
                 delay = self.backoff.delay(failures)
                 failures += 1
-                log.warning("worker %s: no leader reachable (%s); retrying in %.1f s",
-                            runtime.worker_id, error.detail, delay)  # fmt: skip
+                self._outage.failed(error, delay)
                 await self._pause(delay)
                 continue
             failures = 0
+            self._outage.recovered(self.client.router.current)
             if runtime.free_slots == 0:
                 await self._pause(max(0.0, self.alive.due_in_s), wake_on_slot=True)
+
+    def _closing_poll_wait_s(self, wait_s: float) -> float:
+        # A long-poll out when the worker closes may still bring assignments (released at
+        # once while stopping): once the credit was withdrawn the leader assigns nothing
+        # more, and what it assigned before wakes the poll at once, so a short wait is
+        # enough; otherwise the poll runs its course.
+        return WITHDRAWN_POLL_WAIT_S if self._withdrawn else wait_s + 5.0
 
     async def _pause(self, seconds: float, *, wake_on_slot: bool = False) -> None:
         waits = [asyncio.create_task(self._closing.wait())]
@@ -394,6 +495,7 @@ class RestTransport:
     async def stop_taking(self) -> None:
         try:
             await self.alive.poll(0)
+            self._withdrawn = True
         except DispatchError as error:
             log.warning("worker %s: could not withdraw credit: %s", self.runtime.worker_id, error)
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -151,7 +152,11 @@ def test_a_command_runs_as_a_real_process(api_node: RunningNode) -> None:
         check=False,
     )
     assert submitted.returncode == 0, submitted.stderr.decode()
-    assert json.loads(submitted.stdout) == {"id": "p1", "status": "queued", "existing": False}
+    answer = json.loads(submitted.stdout)
+    # (A `warning` may come too: nothing serves proc.job.)
+    assert {key: answer[key] for key in ("id", "status", "existing")} == {
+        "id": "p1", "status": "queued", "existing": False,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -234,3 +239,99 @@ def test_a_user_module_named_worker_is_the_app_it_names(
         job = client.wait("greet-1", timeout_s=60)
     assert (job.status, job.result) == ("succeeded", "hello you"), log.read_text()
     assert worker.poll() is None, log.read_text()
+
+
+# --- failing fast, and a worker that starts or stops while nothing runs ---------------------
+
+
+def _closed_port_url() -> str:
+    from dispatch.stack.ports import free_port
+
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+def _worker_process(
+    url: str, log: Path, transport: str = "ws", key: str = "unused"
+) -> subprocess.Popen[bytes]:
+    with log.open("wb") as output:
+        return subprocess.Popen(
+            [sys.executable, "-m", "dispatch.cli", "worker", "--app",
+             "dispatch.worker.examples:app", "--transport", transport],
+            env={**os.environ, "DISPATCH_URL": url, "DISPATCH_API_KEY": key},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def _sigterm_seconds(worker: subprocess.Popen[bytes], log: Path) -> float:
+    stopped_at = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, log.read_text()
+    return time.monotonic() - stopped_at
+
+
+def test_a_worker_says_at_once_that_no_node_answers_and_keeps_trying(
+    processes: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """Started before the stack, a worker says so within a second or two (not after its retry
+    budget), keeps retrying, and stops at once on SIGTERM."""
+    log = tmp_path / "worker.log"
+    worker = _worker_process(_closed_port_url(), log)
+    processes.append(worker)
+    wait_until(lambda: "cannot reach" in log.read_text(), timeout_s=8, what="the first failure")
+    first = log.read_text()
+    assert "dispatch up --detach" in first and "retrying" in first, first
+    # At once: the start line and the failure's are stamped within a second of each other.
+    stamps = [
+        datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        for line in first.splitlines()
+        if " transport, concurrency " in line or "cannot reach" in line
+    ]
+    assert len(stamps) == 2 and (stamps[1] - stamps[0]).total_seconds() < 1.0, first
+    time.sleep(2)
+    assert worker.poll() is None, log.read_text()  # still trying, not given up
+    assert _sigterm_seconds(worker, log) < 2.0, log.read_text()
+
+
+@pytest.mark.parametrize("transport", ["ws", "rest"])
+def test_sigterm_stops_an_idle_connected_worker_at_once(
+    api_node: RunningNode,
+    processes: list[subprocess.Popen[bytes]],
+    tmp_path: Path,
+    transport: str,
+) -> None:
+    log = tmp_path / "worker.log"
+    worker = _worker_process(api_node.url, log, transport, api_node.keys["worker"])
+    processes.append(worker)
+    with Client(api_node.url, api_node.keys["admin"]) as admin:
+        wait_until(
+            lambda: worker.poll() is None and len(admin.workers()) == 1,
+            timeout_s=60,
+            what=f"the worker to join:\n{log.read_text()}",
+        )
+    time.sleep(1.0)  # idle, in the middle of a long-poll or a quiet socket
+    assert _sigterm_seconds(worker, log) < 2.0, log.read_text()
+    assert "stopped" in log.read_text()
+
+
+def test_without_a_key_each_command_uses_the_development_key_of_its_role(
+    api_node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first-hour flow with no key configured: submit and status as the client, the
+    dead-letter queue as the admin (a client key is refused there); --api-key wins."""
+    monkeypatch.delenv("DISPATCH_API_KEY", raising=False)
+    env = {"DISPATCH_URL": api_node.url, "COLUMNS": "200",
+           "DISPATCH_AUTH__DEV_KEYS_FILE": str(api_node.settings.auth.dev_keys_file)}  # fmt: skip
+
+    def run(*args: str) -> Result:
+        return runner.invoke(app, list(args), env=env)
+
+    submitted = run("submit", "keyless.job", "--id", "k1", "--json")
+    assert submitted.exit_code == 0, submitted.output
+    with Client(api_node.url, api_node.keys["client"]) as client:
+        assert visible(client, "k1").client_id == "dev"
+    assert run("status", "k1").exit_code == 0
+    listed = run("dlq", "list", "--json")
+    assert listed.exit_code == 0 and _json(listed) == [], listed.output
+    as_client = run("dlq", "list", "--api-key", api_node.keys["client"])
+    assert as_client.exit_code == EXIT_ERROR and as_client.stderr.startswith("error: forbidden:")

@@ -3,6 +3,8 @@ registering on the `dispatch` app, and usage errors (none of these needs a node)
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,14 @@ import typer
 from typer.testing import CliRunner
 
 from dispatch.cli import app as dispatch_app
-from dispatch.cli_jobs import EXIT_USAGE, load_app, read_jobs_file, register
+from dispatch.cli_jobs import (
+    EXIT_ERROR,
+    EXIT_USAGE,
+    api_key_for,
+    load_app,
+    read_jobs_file,
+    register,
+)
 from dispatch.worker.examples import app as demo_app
 from dispatch.worker.sdk import WorkerApp
 
@@ -95,7 +104,7 @@ register(dispatch_app)
         (["submit", "x.y", "--file", "jobs.jsonl"], "--file submits the file's jobs"),
         (["submit", "--file", "/nonexistent/jobs.jsonl"], "/nonexistent/jobs.jsonl"),
         (["submit", "x.y", "--url", "ftp://nowhere"], "--url: expected a node URL"),
-        (["status", "--json"], "--url and --json apply to `status ID` only"),
+        (["status", "--json"], "--url, --api-key and --json apply to `status ID` only"),
         (["worker", "--app", "dispatch.worker.examples"], "expected module:attribute"),
         (["worker", "--app", "dispatch.worker.examples:nothing"], "has no attribute"),
         (["worker", "--app", "dispatch.worker.examples:app", "--subjects", "job.assign.x.*"],
@@ -119,3 +128,39 @@ def test_an_empty_jobs_file_is_a_usage_error(tmp_path: Path) -> None:
     empty.write_text("\n")
     result = runner.invoke(dispatch_app, ["submit", "--file", str(empty)])
     assert result.exit_code == EXIT_USAGE and "no jobs in the file" in result.stderr
+
+
+# --- nothing listening: fail at once, saying what to do -------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["submit", "demo.echo"], ["submit", "demo.echo", "--wait"], ["status", "some-id"],
+     ["dlq", "list"], ["dlq", "redrive", "some-id"]],
+)  # fmt: skip
+def test_with_nothing_listening_a_command_fails_within_a_second(args: list[str]) -> None:
+    from dispatch.stack.ports import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    result = runner.invoke(dispatch_app, [*args, "--url", url, "--api-key", "k"])
+    assert time.monotonic() - started < 1.0
+    assert result.exit_code == EXIT_ERROR, result.output
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: no node answers at {url} (connection refused)"), line
+    assert "`dispatch up --detach`" in line and "DISPATCH_URL" in line, line
+
+
+def test_each_command_takes_the_development_key_of_its_role(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without --api-key or DISPATCH_API_KEY: submit and status use the client key, the
+    admin commands the admin key, a worker the worker key; --api-key wins over them all."""
+    dev_keys = tmp_path / "dev-keys.json"
+    dev_keys.write_text(json.dumps({"admin": "A", "client": "C", "worker": "W"}))
+    monkeypatch.delenv("DISPATCH_API_KEY", raising=False)
+    monkeypatch.setenv("DISPATCH_AUTH__DEV_KEYS_FILE", str(dev_keys))
+    assert [api_key_for(role, None) for role in ("client", "admin", "worker")] == ["C", "A", "W"]
+    assert api_key_for("admin", "given") == "given"
+    monkeypatch.setenv("DISPATCH_API_KEY", "from-env")
+    assert api_key_for("admin", None) == "from-env"

@@ -21,10 +21,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from dispatch.api.metrics import Metrics
+from dispatch.api.served_execs import ServedExecs
 from dispatch.core.dispatcher import Dispatcher
-from dispatch.core.events import Assigned, Event, JobEvent, Reassigned, WorkerLost
+from dispatch.core.events import (
+    Assigned,
+    Event,
+    JobEvent,
+    LeaderElected,
+    Reassigned,
+    WorkerJoined,
+    WorkerLost,
+)
 from dispatch.core.job import TERMINAL_STATUSES, JobRecord, JobStatus
 from dispatch.wire import assignment_of, job_view_of
+
+_WORKERS_CHANGED = frozenset({WorkerJoined, WorkerLost, LeaderElected})
+"""Events after which the execs served may differ (a term starts with the workers it rebuilt)."""
 
 
 def current_assignment(core: Dispatcher, job_id: str) -> dict[str, Any] | None:
@@ -87,6 +99,8 @@ class Hub:
         self._term_ended = asyncio.Event()
         self.terms_ended = 0
         self._worker_sessions: dict[str, WorkerSession] = {}
+        self.served = ServedExecs()
+        """The execs this node's term knows a worker for (the submit answer's warning)."""
 
     # --- loop thread ------------------------------------------------------------------------
 
@@ -99,7 +113,10 @@ class Hub:
         assignments: list[tuple[str, dict[str, Any]]] = []
         finished: dict[str, dict[str, Any]] = {}
         lost: list[str] = []
+        workers_changed = False
         for event in events:
+            if type(event) in _WORKERS_CHANGED:
+                workers_changed = True
             if isinstance(event, Assigned | Reassigned):
                 assignment = current_assignment(core, event.job_id)
                 if assignment is not None and assignment["lease"] == event.lease:
@@ -111,6 +128,8 @@ class Hub:
                 if job is not None and job.status in TERMINAL_STATUSES:
                     finished[job.id] = public_job(job)
         self._metrics.observe_committed(core, events)
+        if workers_changed:
+            self.served.refresh(core.subject_patterns())
         if not (assignments or finished or lost):
             return
         with self._lock:
@@ -125,6 +144,7 @@ class Hub:
         # (here or elsewhere) sees those jobs as held and settles them with the worker.
         with self._lock:
             self._undelivered.clear()
+        self.served.forget()
         self._loop.call_soon_threadsafe(self._end_term)
 
     def restart_outbox(self, worker_id: str) -> None:

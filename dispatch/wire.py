@@ -40,6 +40,11 @@ class Accepted(_Answer):
     id: str
     status: str
     existing: bool = Field(False, description="True if this id was already known")
+    warning: str | None = Field(
+        None,
+        description="Set when no connected worker serves the job's exec now: the job waits "
+        "until one does",
+    )
 
 
 class AcceptedBatch(_Answer):

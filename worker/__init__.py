@@ -2,5 +2,6 @@
 
 from dispatch.worker.jobs import Assignment, PermanentError, Retry
 from dispatch.worker.sdk import WorkerApp, WorkerError
+from dispatch.worker.tasks import Submitted, Task
 
-__all__ = ["Assignment", "PermanentError", "Retry", "WorkerApp", "WorkerError"]
+__all__ = ["Assignment", "PermanentError", "Retry", "Submitted", "Task", "WorkerApp", "WorkerError"]

@@ -43,7 +43,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
-from dispatch.client import AsyncClient, Backoff, Conflict, DispatchError, NotFound
+from dispatch.client import (
+    AsyncClient,
+    Backoff,
+    Conflict,
+    DispatchError,
+    NotFound,
+    default_api_key,
+)
 from dispatch.worker.jobs import (
     Assignment,
     Outcome,
@@ -54,6 +61,7 @@ from dispatch.worker.jobs import (
     released,
 )
 from dispatch.worker.subjects import HandlerTable, exec_pattern_of
+from dispatch.worker.tasks import Task, task_of
 from dispatch.worker.transports import RestTransport, Transport, WebSocketTransport
 
 log = logging.getLogger("dispatch.worker")
@@ -73,7 +81,8 @@ class WorkerError(Exception):
 
 Handler = Callable[[Assignment], Any]
 """`def handler(job: Assignment) -> result` or `async def handler(job) -> result`."""
-F = TypeVar("F", bound=Handler)
+R = TypeVar("R")
+"""What a handler returns (its `Task[R]` keeps the type)."""
 
 
 @dataclass(frozen=True)
@@ -160,14 +169,19 @@ class WorkerApp:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_early: float | None = None
 
-    def handler(self, pattern: str, *, heartbeat: bool = True) -> Callable[[F], F]:
+    def handler(
+        self, pattern: str, *, heartbeat: bool = True
+    ) -> Callable[[Callable[[Assignment], R]], Task[R]]:
         """Register the decorated function for jobs whose exec matches `pattern` (`image.*`
         is the subject `job.assign.image.*`). `heartbeat=False` lets the deadline stand, so
-        the job is taken away when it runs longer than its timeout."""
+        the job is taken away when it runs longer than its timeout. Returns the function's
+        `Task` handle: still callable as the function, and `submit(payload)` sends a job of
+        its exec (`dispatch.worker.tasks`)."""
 
-        def register(function: F) -> F:
-            self.add_handler(pattern, function, heartbeat=heartbeat)
-            return function
+        def register(function: Callable[[Assignment], R]) -> Task[R]:
+            task = task_of(pattern, function)
+            self.add_handler(pattern, task.function, heartbeat=heartbeat)
+            return task
 
         return register
 
@@ -234,8 +248,10 @@ class WorkerApp:
         """Run until `stop()` (or a fatal error: bad key, bad subjects). Arguments as
         `options()`."""
         options = self.options(**overrides)
+        # A worker needs the worker role, no more: without a key, the local stack's worker key.
+        api_key = options.api_key if options.api_key is not None else default_api_key("worker")
         async with AsyncClient(
-            options.urls, options.api_key, request_timeout_s=options.request_timeout_s,
+            options.urls, api_key, request_timeout_s=options.request_timeout_s,
             retry_timeout_s=options.retry_timeout_s, backoff=options.backoff,
         ) as client:  # fmt: skip
             runtime = _Runtime(self.handlers, options, client)

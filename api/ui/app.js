@@ -153,11 +153,51 @@ const jobIdColumn = {
 
 // --- panels -------------------------------------------------------------------------------
 
-function showQueues(queues) {
+// The leader's routing rule (NATS subjects): `*` is one token, `>` one or more at the end.
+function subjectMatches(pattern, subject) {
+  for (let index = 0; index < pattern.length; index++) {
+    if (pattern[index] === ">") return index < subject.length;
+    if (index >= subject.length) return false;
+    if (pattern[index] !== "*" && pattern[index] !== subject[index]) return false;
+  }
+  return pattern.length === subject.length;
+}
+
+// Whether a connected worker takes jobs of `exec`; null when the workers are not known.
+function served(exec, workers) {
+  if (!workers) return null;
+  const subject = `job.assign.${exec}`.split(".");
+  return workers.some((worker) => worker.subjects.some((pattern) => subjectMatches(pattern.split("."), subject)));
+}
+
+const UNSERVED = "no worker serves this exec now: its jobs wait until one does";
+
+function showQueues(queues, workers) {
   $("queues-count").textContent = `(${queues.length})`;
   const deepest = Math.max(1, ...queues.map((queue) => queue.ready + queue.delayed + queue.running));
   syncRows($("queues"), queues, (queue) => queue.exec, [
-    { text: (queue) => queue.exec },
+    {
+      render(cell, queue) {
+        // A queue nobody serves only grows: marked, so it is not mistaken for a slow one.
+        const unserved = served(queue.exec, workers) === false;
+        cell.closest("tr").classList.toggle("unserved", unserved);
+        if (cell.dataset.exec !== queue.exec || cell.dataset.unserved !== String(unserved)) {
+          cell.dataset.exec = queue.exec;
+          cell.dataset.unserved = String(unserved);
+          const name = document.createElement("span");
+          name.textContent = queue.exec;
+          cell.replaceChildren(name);
+          if (unserved) {
+            const badge = document.createElement("span");
+            badge.className = "unserved-badge";
+            badge.textContent = "no worker";
+            badge.title = UNSERVED;
+            cell.append(" ", badge);
+          }
+        }
+        cell.title = unserved ? UNSERVED : "";
+      },
+    },
     { className: "num", text: (queue) => String(queue.ready) },
     { className: "num", text: (queue) => String(queue.delayed) },
     { className: "num", text: (queue) => String(queue.running) },
@@ -512,7 +552,7 @@ async function refresh() {
     addHistory(overview.history);
   }
   showLeader(leader, overview);
-  if (queues) showQueues(queues.queues);
+  if (queues) showQueues(queues.queues, workers?.workers);
   if (workers) showWorkers(workers.workers);
   if (deadLetters) showDeadLetters(deadLetters.jobs);
   if (tenants) showTenants(tenants);

@@ -271,6 +271,9 @@ class Dispatcher:
     def workers(self) -> list[WorkerRecord]:
         return self._queries.workers()
 
+    def subject_patterns(self) -> frozenset[tuple[str, ...]]:
+        return self._queries.subject_patterns()
+
     def dead_letters(self, limit: int | None = None) -> list[JobRecord]:
         """Copies of dead-lettered jobs, oldest first."""
         return self._queries.dead_letters(limit)

@@ -103,6 +103,13 @@ class DispatcherQueries:
     def workers(self) -> list[WorkerRecord]:
         return [worker.record() for worker in self._state._workers.values()]
 
+    def subject_patterns(self) -> frozenset[tuple[str, ...]]:
+        """The distinct compiled subject patterns of the workers joined now (what the
+        submit answer checks an exec against). O(workers * patterns), no copies."""
+        return frozenset(
+            pattern for worker in self._state._workers.values() for pattern in worker.patterns
+        )
+
     def dead_letters(self, limit: int | None = None) -> list[JobRecord]:
         """Copies of dead-lettered jobs, oldest first."""
         out: list[JobRecord] = []

@@ -30,7 +30,10 @@ def test_a_job_flows_from_submit_to_worker_and_back(api_node: RunningNode) -> No
             "/v1/jobs", json={"exec": "image.resize", "payload": {"w": 10}, "id": "job-1"}
         )
         assert accepted.status_code == 202, accepted.text
-        assert accepted.json() == {"id": "job-1", "status": "queued", "existing": False}
+        assert accepted.json() == {
+            "id": "job-1", "status": "queued", "existing": False,
+            "warning": "no worker serves exec 'image.resize' now: the job waits until one does",
+        }  # fmt: skip
 
         polled = worker.post(
             "/v1/workers/w1/poll",

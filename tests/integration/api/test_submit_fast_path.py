@@ -18,6 +18,8 @@ from tests.integration.api.conftest import RunningNode
 pytestmark = pytest.mark.integration
 
 JSON = {"Content-Type": "application/json"}
+UNSERVED = {"warning": "no worker serves exec 'a.b' now: the job waits until one does"}
+"""What a submission answer adds while no worker serves its exec (none does in this module)."""
 
 
 def test_a_submission_is_answered_202_queued_with_a_content_length(
@@ -26,7 +28,7 @@ def test_a_submission_is_answered_202_queued_with_a_content_length(
     with api_node.client("client") as client, api_node.client("admin") as admin:
         answer = client.post("/v1/jobs", json={"id": "fast-1", "exec": "a.b", "payload": [1]})
         assert answer.status_code == 202, answer.text
-        assert answer.json() == {"id": "fast-1", "status": "queued", "existing": False}
+        assert answer.json() == {"id": "fast-1", "status": "queued", "existing": False, **UNSERVED}
         assert answer.headers["content-length"] == str(len(answer.content))
         assert answer.headers["content-type"] == "application/json"
         api_node.wait_known("fast-1")
@@ -46,7 +48,7 @@ def test_the_same_id_again_is_answered_200_with_the_existing_job(api_node: Runni
         api_node.wait_known("again")
         repeat = client.post("/v1/jobs", json={"id": "again", "exec": "a.b", "payload": 2})
         assert repeat.status_code == 200, repeat.text
-        assert repeat.json() == {"id": "again", "status": "queued", "existing": True}
+        assert repeat.json() == {"id": "again", "status": "queued", "existing": True, **UNSERVED}
         assert repeat.headers["content-length"] == str(len(repeat.content))
         assert admin.get("/v1/jobs/again").json()["payload"] == 1
         assert client.post("/v1/jobs?x=1", json={"id": "again", "exec": "a.b"}).json() == (
@@ -182,6 +184,6 @@ def test_a_body_sent_in_several_chunks_is_accepted(api_node: RunningNode) -> Non
     with api_node.client("client") as client, api_node.client("admin") as admin:
         answer = client.post("/v1/jobs", content=chunks(), headers=JSON)
         assert answer.status_code == 202, answer.text
-        assert answer.json() == {"id": "chunked", "status": "queued", "existing": False}
+        assert answer.json() == {"id": "chunked", "status": "queued", "existing": False, **UNSERVED}
         api_node.wait_known("chunked")
         assert admin.get("/v1/jobs/chunked").json()["payload"] == [1, 2]

@@ -208,6 +208,37 @@ def test_the_dashboard_follows_a_job_from_submission_to_done_and_shows_the_leade
     dashboard.check_clean()
 
 
+def test_a_queue_no_worker_serves_is_marked_until_one_joins(
+    dashboard: Dashboard, api_node: RunningNode
+) -> None:
+    page = dashboard.page
+    dashboard.open()
+    with api_node.client("admin") as admin, api_node.client("worker") as worker:
+        expect(page.locator("#connection")).to_have_attribute("data-state", "live")
+        for job_id, exec_name in (("orphan-1", "orphan.resize"), ("served-1", "ui.served")):
+            submitted = admin.post("/v1/jobs", json={"id": job_id, "exec": exec_name})
+            assert submitted.status_code == 202, submitted.text
+        # A worker of ui.* joins (it takes nothing: no credit): only orphan.resize is unserved.
+        assert poll(worker, "ui-worker", SUBJECTS, credits=0, wait_s=0.0) == []
+        orphan = page.locator("#queues tr[data-key='orphan.resize']")
+        served = page.locator("#queues tr[data-key='ui.served']")
+        expect(orphan).to_have_class("unserved")
+        expect(orphan.locator(".unserved-badge")).to_have_text("no worker")
+        expect(orphan.locator("td").first).to_have_attribute(
+            "title", "no worker serves this exec now: its jobs wait until one does"
+        )
+        expect(served.locator("td").nth(1)).to_have_text("1")  # ready
+        expect(served).not_to_have_class("unserved")
+        expect(served.locator(".unserved-badge")).to_have_count(0)
+
+        # One joins whose wildcard covers it: the mark goes.
+        assert poll(worker, "orphan-worker", ["job.assign.orphan.>"], credits=0, wait_s=0) == []
+        expect(orphan.locator(".unserved-badge")).to_have_count(0)
+        expect(orphan).not_to_have_class("unserved")
+        expect(orphan.locator("td").first).to_have_text("orphan.resize")
+    dashboard.check_clean()
+
+
 def test_a_dead_letter_is_redriven_from_the_page(
     dashboard: Dashboard, api_node: RunningNode
 ) -> None:

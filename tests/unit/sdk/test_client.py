@@ -4,6 +4,7 @@ routing and the retry decision of one try."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -24,6 +25,7 @@ from dispatch.client import (
     TooLarge,
     Unauthorized,
     Unavailable,
+    Unreachable,
     UntrustedRedirect,
     _Call,
     _Done,
@@ -122,15 +124,22 @@ def test_urls_and_key_come_from_the_environment_first(monkeypatch: pytest.Monkey
     assert default_urls() == ["http://127.0.0.1:8000"]
 
 
-def test_without_a_key_the_local_stack_admin_key_is_used(
+def test_without_a_key_the_local_stack_client_key_is_used_not_the_admin_one(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     dev_keys = tmp_path / "dev-keys.json"
     monkeypatch.delenv("DISPATCH_API_KEY", raising=False)
     monkeypatch.setenv("DISPATCH_AUTH__DEV_KEYS_FILE", str(dev_keys))
     assert default_api_key() is None  # no file yet
-    dev_keys.write_text(json.dumps({"admin": "dk_admin_x", "client": "dk_client_y"}))
-    assert default_api_key() == "dk_admin_x"
+    dev_keys.write_text(
+        json.dumps({"admin": "dk_admin_x", "client": "dk_client_y", "worker": "dk_worker_z"})
+    )
+    assert default_api_key() == "dk_client_y"
+    assert Client("http://a").api_key == "dk_client_y"
+    assert default_api_key("worker") == "dk_worker_z"
+    assert default_api_key("admin") == "dk_admin_x"  # only when asked for
+    with pytest.raises(ValueError, match="role"):
+        default_api_key("root")
     dev_keys.write_text("not json")
     assert default_api_key() is None
 
@@ -294,6 +303,44 @@ def test_retries_stop_when_the_budget_is_spent() -> None:
         assert client._outcome(_call(), "http://a", tries, busy) == pytest.approx(0.1)
         with pytest.raises(Unavailable, match="no leader"):
             client._outcome(_call(), "http://a", tries, busy)
+
+
+def _refused(url: str) -> httpx.ConnectError:
+    return httpx.ConnectError("[Errno 111] Connection refused", request=httpx.Request("GET", url))
+
+
+def test_fail_fast_gives_up_once_every_node_refused_the_connection() -> None:
+    with Client(["http://a", "http://b"], "key", fail_fast=True) as client:
+        tries = client._tries()
+        assert _pause(client._outcome(_call(), "http://a", tries, _refused("http://a"))) > 0
+        with pytest.raises(Unreachable, match=r"http://a, http://b \(connection refused\)"):
+            client._outcome(_call(), "http://b", tries, _refused("http://b"))
+    # Without it (the SDK's default), refusals are retried for the whole budget.
+    with Client(["http://a", "http://b"], "key") as client:
+        tries = client._tries()
+        for url in ("http://a", "http://b", "http://a"):
+            assert _pause(client._outcome(_call(), url, tries, _refused(url))) > 0
+
+
+def test_fail_fast_keeps_retrying_once_a_node_answered() -> None:
+    """A node that answers 503 (an election) means something runs: the other's refusal is a
+    leader that died, and the call waits for the next one within its budget."""
+    with Client(["http://a", "http://b"], "key", fail_fast=True) as client:
+        tries = client._tries()
+        electing = httpx.Response(503, json={"error": "unavailable", "detail": "no leader"})
+        assert _pause(client._outcome(_call(), "http://a", tries, electing)) > 0
+        assert _pause(client._outcome(_call(), "http://b", tries, _refused("http://b"))) > 0
+        assert _pause(client._outcome(_call(), "http://a", tries, _refused("http://a"))) > 0
+
+
+def test_a_fail_fast_client_against_a_closed_port_fails_within_a_second() -> None:
+    from dispatch.stack.ports import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with Client(url, "key", fail_fast=True) as client, pytest.raises(Unreachable):
+        client.get("x")
+    assert time.monotonic() - started < 1.0
 
 
 def test_endless_redirects_become_pauses() -> None:

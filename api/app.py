@@ -16,6 +16,7 @@ from starlette.routing import BaseRoute
 
 from dispatch.api import errors
 from dispatch.api.deps import get_node, get_principal
+from dispatch.api.forward import Forwarder, ForwardToLeader
 from dispatch.api.node import Node
 from dispatch.api.routes import admin, jobs, stream, tenants, ui, workers
 from dispatch.api.schemas import ErrorBody, NotLeaderBody, ValidationErrorBody
@@ -25,12 +26,15 @@ from dispatch.settings import Settings
 
 
 def create_app(settings: Settings, node: Node, keyring: KeyRing) -> FastAPI:
+    forwarder = Forwarder(node, node.metrics)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await node.start()
         try:
             yield
         finally:
+            await forwarder.close()
             await node.stop()
 
     app = FastAPI(
@@ -91,6 +95,12 @@ def create_app(settings: Settings, node: Node, keyring: KeyRing) -> FastAPI:
     # The common single-job submission, without FastAPI's per-request layers; inside the
     # payload limit (added after it, so outside: middleware added last runs first).
     app.add_middleware(SubmitFastPath, node=node, keyring=keyring)
+    # Before the fast path: on a follower, a submission is the leader's to answer. The worker
+    # routes are not forwarded (workers follow the 307 to the leader once and stay there).
+    worker_routes = [
+        route.path_regex for route in workers.router.routes if isinstance(route, APIRoute)
+    ]
+    app.add_middleware(ForwardToLeader, forwarder=forwarder, local=worker_routes)
     # Outermost, so an oversized body is refused before anything reads it.
     app.add_middleware(errors.PayloadLimit, limit=settings.api.max_payload_bytes)
     _document_errors(app, [route for router in routers for route in router.routes])
@@ -100,8 +110,22 @@ def create_app(settings: Settings, node: Node, keyring: KeyRing) -> FastAPI:
 _Answers = dict[int, tuple[str, type[BaseModel]]]
 
 _ANY_ROUTE: _Answers = {
-    307: ("A follower: the same request goes to the leader (`Location`)", NotLeaderBody),
+    307: (
+        "Not the leader (a worker's call on a follower, or leadership moving during the "
+        "call): the same request goes to the leader (`Location`)",
+        NotLeaderBody,
+    ),
     503: ("No leader right now (a failover under way): retry after `Retry-After`", ErrorBody),
+}
+_FORWARDED: _Answers = {
+    502: (
+        "A follower got no readable answer from the leader: the call may have been done",
+        ErrorBody,
+    ),
+    504: (
+        "A follower got no answer from the leader in time: the call may have been done",
+        ErrorBody,
+    ),
 }
 _WITH_KEY: _Answers = {401: ("Missing or unknown API key", ErrorBody)}
 _WITH_ROLE: _Answers = {403: ("The key's role may not do this", ErrorBody)}
@@ -149,6 +173,8 @@ def _describe(document: dict[str, Any], routes: list[BaseRoute]) -> None:
             extra: _Answers = {}
             if get_node in calls:
                 extra |= _ANY_ROUTE
+                if route not in workers.router.routes:
+                    extra |= _FORWARDED  # a follower relays the call (`dispatch.api.forward`)
             if get_principal in calls:
                 extra |= _WITH_KEY
                 operation["security"] = [{"bearer": []}]

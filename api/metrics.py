@@ -126,6 +126,15 @@ class Metrics:
             registry=registry,
         )
 
+        self.forwarded = Counter(
+            "dispatch_forwarded",
+            "Client calls a follower forwarded to the leader, by outcome: relayed (the "
+            "leader's answer, whatever its status), unreachable (503), lost (502 or 504), "
+            "no_leader (503, none known)",
+            ["outcome"],
+            registry=registry,
+        )
+
         self.streaming_lag = Gauge(
             "dispatch_streaming_lag_records",
             "Records in Kafka not yet folded into the Delta tables, per topic",

@@ -5,8 +5,8 @@ Every node takes part in the election of its group (`dispatch.api.election`). Wh
 lease, a supervisor thread runs a leadership term (`dispatch.api.leader.Leader`), which fences the
 previous leader, rebuilds, and serves; when a term fails (fenced, broker lost) and the lease is
 still held, it starts a new one. A node without the lease is a follower: `Node.leader()` raises
-`LeaderUnavailable` naming the leader, which the routes turn into a 307 to it, except for
-submissions, which any node writes to `dispatch.submit` itself.
+`LeaderUnavailable` naming the leader; a follower relays client calls to it
+(`dispatch.api.forward`), and the worker routes turn it into a 307 to it.
 
 Ready means working: `Node.ready` is true only while this node's term has completed a loop
 iteration, and heard from the broker, within `stall_bound_s` (`Leader.not_working`). A term

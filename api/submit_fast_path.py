@@ -49,7 +49,7 @@ class SubmitFastPath:
         if principal is None or content_type != b"application/json" or scope["query_string"]:
             await self.app(scope, receive, send)
             return
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if body is None:
             return  # the client went away mid-body: nobody to answer
 
@@ -68,7 +68,7 @@ class SubmitFastPath:
                 raise
             await response(scope, receive, send)
             return
-        answer = accepted.model_dump_json().encode()
+        answer = accepted.model_dump_json(exclude_none=True).encode()  # as the route's
         await send(
             {
                 "type": "http.response.start",
@@ -94,7 +94,7 @@ class SubmitFastPath:
         return principal if principal.can(Role.CLIENT) else None
 
 
-async def _read_body(receive: Receive) -> bytes | None:
+async def read_body(receive: Receive) -> bytes | None:
     """The whole request body, or None if the client disconnected first."""
     chunks = []
     while True:

@@ -10,12 +10,21 @@ keyed by attempt and lease).
 
 Configuration, highest first: arguments, the environment (`DISPATCH_URL`, comma-separated
 node URLs, and `DISPATCH_API_KEY`), then the local stack (`http://127.0.0.1:8000` and the
-admin key of `dispatch keys`).
+*client* key of `dispatch keys`: the least a client needs; the worker SDK takes the worker
+key, and admin calls need an admin key given explicitly).
+
+`fail_fast=True` (the CLI's choice) raises `Unreachable` at once when every configured node
+refused the connection and none answered during the call: nothing is running there, and
+waiting for the retry budget only delays saying so. A node that answered (a `503` or a `307`
+during an election) keeps the call retrying for the whole budget. The SDK's default is to
+retry for the budget in every case, so that a long-running program rides out a stack that
+restarts as a whole.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -108,6 +117,11 @@ class Unavailable(DispatchError):
     """No node could serve the request within the retry budget (down, no leader, 503)."""
 
 
+class Unreachable(Unavailable):
+    """Every configured node refused the connection (raised at once with `fail_fast`):
+    nothing listens at the configured URLs."""
+
+
 class ServerError(DispatchError):
     """Any other error status (a 5xx other than 503 is a server bug)."""
 
@@ -127,6 +141,11 @@ class WaitTimeout(DispatchError, TimeoutError):
         )
         self.job = job
 
+
+LEADER_HINT_HEADER = "dispatch-leader"
+"""On an answer a follower relayed: the leader's base URL (`dispatch.api.forward`)."""
+_LEADER_ANSWER_LOST = frozenset({502, 504})
+"""What a relaying follower answers when the leader's answer was lost or late."""
 
 _BY_STATUS: dict[int, type[DispatchError]] = {
     400: BadRequest,
@@ -203,14 +222,25 @@ def default_urls() -> list[str]:
     return parse_urls(os.environ.get("DISPATCH_URL") or DEFAULT_URL)
 
 
-def default_api_key() -> str | None:
-    """`DISPATCH_API_KEY`, else the admin key of the local stack's dev keys file (if any)."""
+DEV_KEY_ROLES = ("client", "worker", "admin")
+"""The roles of the local stack's development keys (`dispatch keys`)."""
+
+
+def default_api_key(role: str = "client") -> str | None:
+    """`DISPATCH_API_KEY`, else the local stack's development key of `role` (if any): the
+    client key by default, never more than a caller asked for."""
+    if role not in DEV_KEY_ROLES:
+        raise ValueError(f"role: expected one of {', '.join(DEV_KEY_ROLES)}, got {role!r}")
     key = os.environ.get("DISPATCH_API_KEY")
     if key:
         return key
     # Imported here: the settings pull in pydantic-settings and read conf/, which a client
-    # given its key and URLs never needs.
-    from dispatch.settings import ConfigError, load_settings
+    # given its key and URLs never needs, and which the light install does not have (it
+    # runs no local stack whose keys it could read).
+    try:
+        from dispatch.settings import ConfigError, load_settings
+    except ImportError:
+        return None
 
     try:
         dev_keys_file = load_settings().auth.dev_keys_file
@@ -220,8 +250,8 @@ def default_api_key() -> str | None:
         keys = json.loads(dev_keys_file.read_text())
     except (OSError, ValueError):
         return None
-    admin = keys.get("admin") if isinstance(keys, dict) else None
-    return admin if isinstance(admin, str) and admin else None
+    key = keys.get(role) if isinstance(keys, dict) else None
+    return key if isinstance(key, str) and key else None
 
 
 # --- retries --------------------------------------------------------------------------------
@@ -361,6 +391,9 @@ def _retry_after_s(response: httpx.Response) -> float:
 
 # Errors raised before the request left this machine: the server cannot have acted on it.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+# Errors meaning "nothing listens there" (refused, no such host), as opposed to a timeout: a
+# host that does not answer may be busy, one that refuses is not running a node.
+_REFUSED = (httpx.ConnectError, httpx.UnsupportedProtocol)
 MAX_REDIRECTS_IN_A_ROW = 5
 
 
@@ -388,9 +421,24 @@ class _Tries:
 
     backoff: Backoff
     budget_s: float
+    fail_fast: bool = False
     started: float = field(default_factory=time.monotonic)
     retries: int = 0
     redirects: int = 0
+    answered: bool = False
+    """A node answered during this call (even a 503): something runs, so keep retrying."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """The nodes that refused the connection in this call, with the reason."""
+
+    def unreachable(self, url: str, reason: str, urls: Sequence[str]) -> None:
+        """`url` refused the connection: with `fail_fast`, raise `Unreachable` once every
+        node of `urls` did and none answered."""
+        if "refused" in reason.lower() or "errno 111" in reason.lower():
+            reason = "connection refused"  # one wording for httpx's and websockets' texts
+        self.refused[url] = reason
+        if self.fail_fast and not self.answered and set(urls) <= set(self.refused):
+            where = ", ".join(urls)
+            raise Unreachable(f"no node answers at {where} ({reason})", error="unreachable")
 
     def pause(self, error: DispatchError, at_least_s: float = 0.0) -> float:
         """The pause before the next try, or raise `error` once the budget is spent."""
@@ -416,19 +464,22 @@ class _Base:
         request_timeout_s: float,
         retry_timeout_s: float,
         backoff: Backoff | None,
+        fail_fast: bool = False,
     ) -> None:
         self.router = NodeRouter(parse_urls(urls) if urls is not None else default_urls())
         self.api_key = api_key if api_key is not None else default_api_key()
         self.request_timeout_s = request_timeout_s
         self.retry_timeout_s = retry_timeout_s
         self.backoff = backoff or Backoff()
+        self.fail_fast = fail_fast
 
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def _tries(self) -> _Tries:
-        return _Tries(self.backoff, self.retry_timeout_s)
+    def _tries(self, fail_fast: bool | None = None) -> _Tries:
+        chosen = self.fail_fast if fail_fast is None else fail_fast
+        return _Tries(self.backoff, self.retry_timeout_s, chosen)
 
     def _outcome(
         self, call: _Call[T], url: str, tries: _Tries, answer: httpx.Response | httpx.HTTPError
@@ -441,8 +492,11 @@ class _Base:
                 call.idempotent or isinstance(answer, _NOT_SENT)
             ):
                 raise error from answer
+            if isinstance(answer, _REFUSED):
+                tries.unreachable(url, str(answer) or type(answer).__name__, self.router.urls)
             self.router.failed(url)
             return tries.pause(error)
+        tries.answered = True
         status = answer.status_code
         if status == 307:
             leader = leader_from_redirect(answer)
@@ -457,6 +511,12 @@ class _Base:
         if status == 503:
             self.router.failed(url)
             return tries.pause(error_from_response(answer), _retry_after_s(answer))
+        if status in _LEADER_ANSWER_LOST and call.idempotent:
+            # A follower relaying the call lost the leader's answer (502) or waited too long
+            # for it (504): the leader may have acted, so only a call safe to repeat is.
+            self.router.failed(url)
+            return tries.pause(error_from_response(answer))
+        self._follow_leader_hint(answer)
         if status >= 400:
             refused = error_from_response(answer)
             if isinstance(refused, Unauthorized) and not self.api_key:
@@ -469,6 +529,14 @@ class _Base:
             raise ServerError(
                 f"unexpected answer from {url}: {problem}", error="bad_answer", status=status
             ) from problem
+
+    def _follow_leader_hint(self, answer: httpx.Response) -> None:
+        """A follower relayed this answer and named the leader: go there directly from the
+        next call on, when it is a trusted node (as a 307 would be followed); else stay."""
+        leader = answer.headers.get(LEADER_HINT_HEADER)
+        if leader is not None:
+            with contextlib.suppress(UntrustedRedirect):
+                self.router.redirect(leader)
 
     def _timeout(self, call: _Call[Any]) -> float:
         return call.timeout_s if call.timeout_s is not None else self.request_timeout_s
@@ -685,7 +753,8 @@ class Client(_Base):
 
     `urls`: node base URLs (a list or a comma-separated string); `api_key`: a bearer key;
     `request_timeout_s`: one HTTP request; `retry_timeout_s`: the total time one call may
-    spend retrying on other nodes or waiting for a leader."""
+    spend retrying on other nodes or waiting for a leader; `fail_fast`: raise `Unreachable`
+    at once when every node refuses the connection (see the module's doc)."""
 
     def __init__(
         self,
@@ -695,8 +764,9 @@ class Client(_Base):
         request_timeout_s: float = 30.0,
         retry_timeout_s: float = 30.0,
         backoff: Backoff | None = None,
+        fail_fast: bool = False,
     ) -> None:
-        super().__init__(urls, api_key, request_timeout_s, retry_timeout_s, backoff)
+        super().__init__(urls, api_key, request_timeout_s, retry_timeout_s, backoff, fail_fast)
         self._http = httpx.Client(headers=self.headers, follow_redirects=False)
 
     def __enter__(self) -> Self:
@@ -826,8 +896,9 @@ class AsyncClient(_Base):
         request_timeout_s: float = 30.0,
         retry_timeout_s: float = 30.0,
         backoff: Backoff | None = None,
+        fail_fast: bool = False,
     ) -> None:
-        super().__init__(urls, api_key, request_timeout_s, retry_timeout_s, backoff)
+        super().__init__(urls, api_key, request_timeout_s, retry_timeout_s, backoff, fail_fast)
         self._http = httpx.AsyncClient(headers=self.headers, follow_redirects=False)
 
     async def __aenter__(self) -> Self:
@@ -944,16 +1015,23 @@ class AsyncClient(_Base):
     # --- worker calls (REST transport of the worker SDK) --------------------------------------
 
     async def poll(
-        self, worker_id: str, subjects: Sequence[str], credits: int, wait_s: float
+        self,
+        worker_id: str,
+        subjects: Sequence[str],
+        credits: int,
+        wait_s: float,
+        *,
+        fail_fast: bool | None = None,
     ) -> list[dict[str, Any]]:
-        """`POST /v1/workers/{id}/poll`: say "room for `credits`", get assignments."""
+        """`POST /v1/workers/{id}/poll`: say "room for `credits`", get assignments.
+        `fail_fast` overrides the client's for this call."""
         call: _Call[list[dict[str, Any]]] = _Call(
             "POST", f"/v1/workers/{_quote(worker_id)}/poll",
             lambda response: list(response.json()["assignments"]),
             body={"subjects": list(subjects), "credits": credits, "wait_s": wait_s},
             timeout_s=wait_s + self.request_timeout_s,
         )  # fmt: skip
-        return await self._run(call)
+        return await self._run(call, self._tries(fail_fast))
 
     async def ack(
         self, job_id: str, attempt: int, lease: str, result: Any, worker_id: str | None = None
@@ -996,13 +1074,14 @@ class AsyncClient(_Base):
         return await self._run(call)
 
     async def open_stream(
-        self, hello: dict[str, Any], *, open_timeout_s: float = 10.0
+        self, hello: dict[str, Any], *, open_timeout_s: float = 10.0, fail_fast: bool | None = None
     ) -> tuple[ClientConnection, dict[str, Any]]:
         """Open `WS /v1/stream` on the leader, say `hello`, and return the socket and the
         server's `welcome`. Fails over like REST calls (a 307 at the handshake, or a close
         with 1013 "try again later", moves on); an `error` answer to the hello raises its
-        typed error (`Unauthorized`, `Forbidden`, `Invalid`)."""
-        tries = self._tries()
+        typed error (`Unauthorized`, `Forbidden`, `Invalid`). `fail_fast` overrides the
+        client's for this call."""
+        tries = self._tries(fail_fast)
         while True:
             url = self.router.current
             outcome = await self._try_stream(url, hello, open_timeout_s, tries)
@@ -1020,6 +1099,7 @@ class AsyncClient(_Base):
                 max_size=STREAM_MAX_MESSAGE_BYTES,
             )  # fmt: skip
         except InvalidStatus as refused:
+            tries.answered = True
             response = refused.response
             leader = None
             if response.status_code == 307:
@@ -1036,8 +1116,12 @@ class AsyncClient(_Base):
         except InvalidURI as error:
             raise BadRequest(str(error), error="invalid_url") from error
         except (OSError, TimeoutError, InvalidHandshake) as error:
+            # TimeoutError is an OSError: a node too slow to answer is not a refusal.
+            if isinstance(error, OSError) and not isinstance(error, TimeoutError):
+                tries.unreachable(url, str(error) or type(error).__name__, self.router.urls)
             self.router.failed(url)
             return tries.pause(_unavailable(url, error))
+        tries.answered = True
         try:
             await socket.send(json.dumps(hello))
             first = json.loads(await asyncio.wait_for(socket.recv(), open_timeout_s))

@@ -68,15 +68,14 @@ async def _known(node: Node, ids: list[str]) -> dict[str, dict[str, Any]]:
 
 async def accept(node: Node, requests: list[SubmitRequest], principal: Principal) -> list[Accepted]:
     """Known ids answer with the existing job; the rest go to Kafka (202 once acknowledged)."""
+    # Only the leader answers a submission: an answer it cannot give (a known id, another
+    # tenant's, a client over its queues) would be a false 202. A follower relays the call
+    # (dispatch.api.forward); a node that stopped leading since answers 307 or 503 here, and
+    # the client retries (the same id dedups).
     # A membership test on the core's job dict is atomic under the GIL: it keeps the common
     # case (new ids) off the leader loop, and only ids seen there get a consistent read.
-    try:
-        core = node.leader().core
-    except LeaderUnavailable:
-        # A follower, or a failover under way: the submissions still go to Kafka, durable
-        # there; the leader answers a known id by its existing job when it consumes them.
-        core = None
-    seen = [request.id for request in requests if core is not None and request.id in core]
+    core = node.leader().core
+    seen = [request.id for request in requests if request.id in core]
     known = await _known(node, seen) if seen else {}
     # All or nothing: every refusal is found before anything is written.
     for request in requests:
@@ -85,19 +84,27 @@ async def accept(node: Node, requests: list[SubmitRequest], principal: Principal
         if taken and principal.role is not Role.ADMIN:
             raise ApiError(409, f"job id {request.id!r} is taken")
     fresh = [request for request in requests if request.id not in known]
-    refusal = core.exec_queues_refusal(fresh) if core is not None else None
+    refusal = core.exec_queues_refusal(fresh)
     if refusal is not None:
         # Early and best effort (two requests racing for a client's last queue may both pass:
         # the leader then rejects one to dispatch.submit.rejected); the rule is the core's.
         raise ApiError(422, refusal)
     await node.produce_submissions(fresh)
+    # A job nobody serves would wait in silence: say so (only where this node's term knows
+    # the workers; a follower knows none and warns about nothing).
+    served = node.hub.served if node.hub is not None else None
     answers = []
     for request in requests:
         existing = known.get(request.id)
         if existing is None:
-            answers.append(Accepted(id=request.id, status="queued"))
+            warning = served.warning(request.exec) if served is not None else None
+            answers.append(Accepted(id=request.id, status="queued", warning=warning))
         else:
-            answers.append(Accepted(id=request.id, status=existing["status"], existing=True))
+            queued = existing["status"] == "queued"
+            warning = served.warning(existing["exec"]) if queued and served is not None else None
+            answers.append(
+                Accepted(id=request.id, status=existing["status"], existing=True, warning=warning)
+            )
     return answers
 
 
@@ -105,6 +112,7 @@ async def accept(node: Node, requests: list[SubmitRequest], principal: Principal
     "/jobs",
     status_code=202,
     response_model=Accepted,
+    response_model_exclude_none=True,  # `warning` only when there is one
     responses={200: {"model": Accepted, "description": "The id was known"}, **_SUBMIT_ERRORS},
 )
 async def submit(
@@ -117,7 +125,13 @@ async def submit(
     return accepted
 
 
-@router.post("/jobs:batch", status_code=202, response_model=AcceptedBatch, responses=_SUBMIT_ERRORS)
+@router.post(
+    "/jobs:batch",
+    status_code=202,
+    response_model=AcceptedBatch,
+    response_model_exclude_none=True,
+    responses=_SUBMIT_ERRORS,
+)
 async def submit_batch(body: JobBatch, node: NodeDep, principal: ClientDep) -> AcceptedBatch:
     """Submit many jobs, all or nothing: all are validated (fields, ids taken by another
     client) before any is written."""

@@ -1,5 +1,5 @@
 """Errors of a real node: an oversized body without a length is a 413, and a follower's 307
-names the request exactly as the client sent it, encoded."""
+(a worker route's) names the request exactly as the client sent it, encoded."""
 
 from __future__ import annotations
 
@@ -64,14 +64,16 @@ def leader_and_follower(api_settings: Settings) -> Iterator[tuple[RunningNode, R
 def test_a_followers_307_location_is_the_encoded_request(
     leader_and_follower: tuple[RunningNode, RunningNode],
 ) -> None:
+    # Worker routes answer 307 on a follower (client calls are relayed to the leader).
     leader, follower = leader_and_follower
+    poll = {"subjects": ["job.assign.>"], "credits": 0, "wait_s": 0}
     with follower.client("admin") as admin:
         for target in (
-            "/v1/jobs/caf%C3%A9-%E2%9C%93",  # not Latin-1: was a 500
-            "/v1/jobs/x%0d%0aSet-Cookie:%20a=b",  # CR LF: was stripped, must stay encoded
-            "/v1/queues?x=%0D%0A&y=%C3%A9",
+            "/v1/workers/caf%C3%A9-%E2%9C%93/poll",  # not Latin-1: was a 500
+            "/v1/workers/x%0d%0aSet-Cookie:%20a=b/poll",  # CR LF: must stay encoded
+            "/v1/workers/w/poll?x=%0D%0A&y=%C3%A9",
         ):
-            answer = admin.get(target)
+            answer = admin.post(target, json=poll)
             assert answer.status_code == 307, (target, answer.text)
             assert answer.headers["location"] == leader.url + target
             assert "set-cookie" not in answer.headers

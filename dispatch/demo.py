@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -89,8 +92,12 @@ def run_demo(base: Settings) -> int:
         _step("5/6", "reading the state back from Delta (delta-rs)")
         _summarise(settings, expected)
         _step("6/6", "what next")
+        dispatch = dispatch_command()
         console.print(
-            "    `dispatch up` runs the stack in the foreground; the dashboard is then at "
+            f"    your first job: `{dispatch} up --detach --workers 2`, then "
+            f"`{dispatch} submit demo.echo --payload '{{\"hi\": 1}}' --wait` (README, *Your first "
+            "job in one minute*)\n"
+            "    the dashboard is then at "
             f"http://{settings.api.host}:{base.api.ports[0]}/ui\n"
             f"    the notebooks in notebooks/ take warehouse={settings.paths.warehouse}\n"
             f"    the demo took {time.monotonic() - started:.0f} s in all"
@@ -102,6 +109,20 @@ def run_demo(base: Settings) -> int:
     finally:
         stopped = stack.down()
         console.print(f"stopped: {', '.join(stopped)}")
+
+
+def dispatch_command() -> str:
+    """How the user reaches this `dispatch`: its bare name when the PATH finds this very
+    executable (an activated venv, an installed package), else its path, relative to the
+    current folder when inside it (`.venv/bin/dispatch` from a checkout)."""
+    ours = Path(sys.executable).parent / "dispatch"
+    found = shutil.which("dispatch")
+    if found is not None and Path(found).resolve() == ours.resolve():
+        return "dispatch"
+    try:
+        return str(ours.relative_to(Path.cwd()))
+    except ValueError:
+        return str(ours)
 
 
 def _step(number: str, title: str) -> None:

@@ -1,4 +1,4 @@
-"""How fast one process replays a recorded history (`dispatch replay`, issue 17).
+"""How fast one process replays a recorded history (`dispatch replay`).
 
     .venv/bin/python -m dispatch.bench.replay_bench                  # ~1M recorded events
     .venv/bin/python -m dispatch.bench.replay_bench --events 100000  # a smaller run

@@ -1,4 +1,4 @@
-"""A micro-batch folded on Spark's executors, partitioned by job (issue 15).
+"""A micro-batch folded on Spark's executors, partitioned by job.
 
 The driver never holds the batch's records or events. It runs Spark jobs over the batch:
 

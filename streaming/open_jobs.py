@@ -1,4 +1,4 @@
-"""The open partition of `jobs`, kept by the driver between batches (issue 15, item 5).
+"""The open partition of `jobs`, kept by the driver between batches.
 
 A batch folded on the driver needs the current rows of the jobs it touches, and only open jobs
 can change. Reading the open partition through delta-rs each batch costs what the backlog of

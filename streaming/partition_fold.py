@@ -1,4 +1,4 @@
-"""The fold as functions of one Spark partition, for `mapInArrow` on executors (issue 15).
+"""The fold as functions of one Spark partition, for `mapInArrow` on executors.
 
 Two stages, each an iterator of Arrow record batches in and out, with no Spark import, so the
 unit tests run them without a JVM and Spark runs them unchanged:

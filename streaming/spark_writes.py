@@ -1,4 +1,4 @@
-"""The Delta writes Spark makes for a batch folded on the executors (issue 15, item 2).
+"""The Delta writes Spark makes for a batch folded on the executors.
 
 A batch folded on the driver is committed with delta-rs (`delta_commits.py`: its rows are in
 the driver's memory already). A batch folded on the executors keeps its two large outputs

@@ -394,3 +394,24 @@ def test_inline_code_may_wrap_and_fences_other_than_shell_are_skipped(tmp_path: 
         ("page.md:8", "dispatch up    --detach"),
         ("page.md:1", "dispatch keys --role worker"),
     ]
+
+
+INTERNAL_ISSUE = re.compile(r"\bissues? #?\d+\b", re.IGNORECASE)
+USER_FACING = ("*.md", "*.py", "*.ipynb", "*.toml", "*.sh", "Dockerfile", "docker-compose.yml")
+
+
+def test_no_user_facing_text_cites_an_internal_issue_number() -> None:
+    """Docs, help texts, docstrings and messages speak for themselves: a reader has no access to
+    the project's issue tracker, so "(issue 13)" tells them nothing. The tests may cite them."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "--", *USER_FACING],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    found = [
+        f"{name}:{number}: {line.strip()[:120]}"
+        for name in tracked
+        if not name.startswith("tests/")
+        for number, line in enumerate((ROOT / name).read_text().splitlines(), 1)
+        if INTERNAL_ISSUE.search(line)
+    ]
+    assert found == []

@@ -2,7 +2,7 @@
 again, and time how long the dispatcher stops completing jobs.
 
     .venv/bin/python -m dispatch.bench.broker_kill_bench                # 5 kills of a random broker
-    .venv/bin/python -m dispatch.bench.broker_kill_bench --kills 10 --seed 3 --json out.json
+    .venv/bin/python -m dispatch.bench.broker_kill_bench --kills 10 --seed 3 --out out.json
 
 A real local stack (`LocalStack` with `kafka.brokers = 3`, `StackPlan(streaming=False,
 workers=0)`: three combined broker+controller nodes, the topics at replication factor 3 and
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=0.05, help="seconds between submissions")
     parser.add_argument("--settle", type=float, default=2.0, help="load between rounds (s)")
     parser.add_argument("--timeout", type=float, default=120.0, help="per wait (s)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--out", type=Path, help="also write the results as JSON to this file")
     args = parser.parse_args(argv)
     if args.kills < 1:
         parser.error("--kills must be at least 1")
@@ -225,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     results["machine_at_start"] = started
     results["machine_at_end"] = machine()
     print(json.dumps(results["summary"], indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
     clean = results["summary"]["lost"] == 0 and results["summary"]["completed_twice"] == 0
     return 0 if clean else 1
 

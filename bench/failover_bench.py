@@ -1,7 +1,7 @@
 """Failover benchmark: `kill -9` the leader under load, time until the standby serves.
 
     .venv/bin/python -m dispatch.bench.failover_bench                   # 10 kills, then the rebuild
-    .venv/bin/python -m dispatch.bench.failover_bench --kills 10 --skip-rebuild --json out.json
+    .venv/bin/python -m dispatch.bench.failover_bench --kills 10 --skip-rebuild --out out.json
     .venv/bin/python -m dispatch.bench.failover_bench --skip-failover  # = python -m
     dispatch.bench.rebuild_bench
 
@@ -587,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-failover", action="store_true")
     parser.add_argument("--skip-rebuild", action="store_true")
     rebuild_bench.add_arguments(parser)
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--out", type=Path, help="also write the results as JSON to this file")
     args = parser.parse_args(argv)
 
     results: dict[str, Any] = {
@@ -610,8 +610,8 @@ def main(argv: list[str] | None = None) -> int:
             profile=not args.no_profile,
         )
     results["load_average_at_end"] = os.getloadavg()
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
     return 0
 
 

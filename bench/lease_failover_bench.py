@@ -3,7 +3,7 @@ and time how long a standby takes to hold it, on object storage and on local dis
 
     .venv/bin/python -m dispatch.bench.lease_failover_bench                  # 12 kills per backend
     .venv/bin/python -m dispatch.bench.lease_failover_bench --kills 20 --ttl 3 --renew 0.5 --seed 2
-    .venv/bin/python -m dispatch.bench.lease_failover_bench --backends s3 --json out.json
+    .venv/bin/python -m dispatch.bench.lease_failover_bench --backends s3 --out out.json
 
 The object store is a real S3-compatible server on loopback (S3Proxy, tests/s3_server.py, in a
 temporary folder; credentials and endpoint go through `dispatch.storage.storage_options` as in
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="s3,local")
     parser.add_argument("--location", default="")
     parser.add_argument("--name", default="holder")
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--out", type=Path, help="also write the results as JSON to this file")
     parser.add_argument("--seed", type=int, default=1, help="of the kill phases")
     args = parser.parse_args(argv)
     settings = _settings(args)
@@ -289,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             f" {row['min_s']:>7.3f}   {row['mean_term_left_s']:>6.3f} s"
             f"                  {1000 * float(row['standby_poll_p50_s']):.0f} ms"
         )
-    if args.json is not None:
-        args.json.write_text(
+    if args.out is not None:
+        args.out.write_text(
             json.dumps({"lease": settings.model_dump(), "results": summaries}, indent=2) + "\n"
         )
     return 0

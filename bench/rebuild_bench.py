@@ -663,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m dispatch.bench.rebuild_bench", description=__doc__.split("\n\n")[0]
     )
     add_arguments(parser)
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--out", type=Path, help="also write the results as JSON to this file")
     args = parser.parse_args(argv)
     show_fold_progress()
     results = run_rebuild_bench(
@@ -672,8 +672,8 @@ def main(argv: list[str] | None = None) -> int:
         repeats=args.repeats,
         profile=not args.no_profile,
     )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
     return 0
 
 

@@ -806,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=6, help="measured MERGE batches per size")
     parser.add_argument("--skip-freshness", action="store_true")
     parser.add_argument("--skip-merge", action="store_true")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--out", type=Path, help="also write the results as JSON to this file")
     parser.add_argument(
         "--fold-on", choices=["auto", "executors", "driver"], default="auto",
         help="where the streaming query folds each batch",
@@ -871,8 +871,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(describe_backlog(backlogs), flush=True)
         finally:
             spark.stop()
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -161,6 +162,30 @@ def test_json_is_a_flag_everywhere() -> None:
         parser_help = _argparse_help(module.main)
         assert "--json " in parser_help and "--json JSON" not in parser_help
         assert "--out OUT" in parser_help
+
+
+def test_no_benchmark_takes_a_file_after_json() -> None:
+    """`--json` prints JSON; a file to write is `--out FILE`, in every benchmark module too."""
+    import ast
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    takes_a_value = []
+    for path in sorted(bench.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"
+                and any(isinstance(a, ast.Constant) and a.value == "--json" for a in node.args)
+                and not any(
+                    k.arg == "action"
+                    and isinstance(k.value, ast.Constant)
+                    and k.value.value == "store_true"
+                    for k in node.keywords
+                )
+            ):
+                takes_a_value.append(f"{path.name}:{node.lineno}")
+    assert takes_a_value == []
 
 
 def _argparse_help(main: Any) -> str:

@@ -396,8 +396,8 @@ def main() -> None:
             raise
         # typer.echo, not rich: rich wraps long lines, and an error stays one line.
         typer.echo(
-            f"error: this command needs the server install ({error.name} is missing): "
-            "pip install 'dispatch[server]'",
+            f"error: this command needs the server install ({error.name} is missing): the "
+            "`server` extra, e.g. pip install '/path/to/checkout[server]'",
             err=True,
         )
         sys.exit(1)

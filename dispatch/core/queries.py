@@ -202,12 +202,7 @@ class DispatcherQueries:
         state = self._state
         times = [
             heap[0][0]
-            for heap in (
-                state._deadlines.heap,
-                state._delays.heap,
-                state._expiry.heap,
-                state._job_expiry.heap,
-            )
+            for heap in (state._deadlines.heap, state._delays.heap, state._expiry.heap)
             if heap
         ]
         return min(times) if times else None

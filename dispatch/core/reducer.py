@@ -14,11 +14,10 @@ Transitions (anything else raises InvalidTransition):
     running   --reassigned-->      running      attempts += 1, new worker/lease/deadline
     running   --job_heartbeat-->   running      deadline extended
     running   --completed-->       succeeded    result recorded
-    running   --requeued-->        queued       error and retry time (`not_before`) recorded
+    running   --requeued-->        queued       error recorded
     running   --dead_lettered-->   dead         dead_reason and error recorded
     queued    --cancelled-->       cancelled
-    queued    --expired-->         expired      reason recorded as the error
-    dead      --redriven-->        queued       attempts reset to 0, expiry cleared
+    dead      --redriven-->        queued       attempts reset to 0
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from dispatch.core.events import (
     DeadLettered,
     Enqueued,
     Event,
-    Expired,
     JobEvent,
     JobHeartbeat,
     Reassigned,
@@ -45,7 +43,6 @@ from dispatch.core.job import JobRecord, JobStatus
 _QUEUED = JobStatus.QUEUED
 _RUNNING = JobStatus.RUNNING
 _CANCELLED = JobStatus.CANCELLED
-_EXPIRED = JobStatus.EXPIRED
 
 
 def _refuse(job: JobRecord | None, event: JobEvent, why: str) -> InvalidTransition:
@@ -77,17 +74,12 @@ def _expect_current(
 
 
 def enqueued(job: JobRecord | None, event: Enqueued) -> JobRecord:
-    # A succeeded, cancelled or expired job the leader has pruned may be submitted again:
-    # its new life replaces the old record. Anything else means the leader broke dedup.
-    if (
-        job is not None
-        and job.status is not JobStatus.SUCCEEDED
-        and job.status is not _CANCELLED
-        and job.status is not _EXPIRED
-    ):
+    # A succeeded or cancelled job the leader has pruned may be submitted again: its new
+    # life replaces the old record. Anything else means the leader broke dedup.
+    if job is not None and job.status is not JobStatus.SUCCEEDED and job.status is not _CANCELLED:
         raise _refuse(job, event, "the job already exists")
     # Positional: a job is created per submission, and this is twice as fast as keywords.
-    record = JobRecord(
+    return JobRecord(
         event.job_id,
         event.client_id,
         event.exec,
@@ -102,11 +94,6 @@ def enqueued(job: JobRecord | None, event: Enqueued) -> JobRecord:
         event.priority,
         event.not_before,
     )
-    if event.retry is not None:
-        record.retry = event.retry
-    if event.expires_at is not None:
-        record.expires_at = event.expires_at
-    return record
 
 
 def assigned(job: JobRecord | None, event: Assigned) -> JobRecord:
@@ -177,8 +164,6 @@ def requeued(job: JobRecord | None, event: Requeued) -> JobRecord:
     job.deadline = None
     job.error = event.error
     job.seq = event.seq
-    # The retry delay decided (None: runnable at once; a submission's own delay is spent).
-    job.not_before = event.not_before
     job.updated_at = event.at
     return job
 
@@ -200,20 +185,9 @@ def cancelled(job: JobRecord | None, event: Cancelled) -> JobRecord:
     return job
 
 
-def expired(job: JobRecord | None, event: Expired) -> JobRecord:
-    job = _expect(job, event, _QUEUED)
-    job.status = _EXPIRED
-    job.error = event.reason or None
-    job.updated_at = event.at
-    return job
-
-
 def redriven(job: JobRecord | None, event: Redriven) -> JobRecord:
     job = _expect(job, event, JobStatus.DEAD)
     job.status = _QUEUED
-    # An operator's redrive overrides the submitter's deadline: the job runs again.
-    job.expires_at = None
-    job.not_before = None
     job.attempts = 0
     job.dead_reason = None
     job.error = None
@@ -236,7 +210,6 @@ TRANSITIONS: dict[type[JobEvent], _Transition] = {
     Requeued: requeued,  # type: ignore[dict-item]
     DeadLettered: dead_lettered,  # type: ignore[dict-item]
     Cancelled: cancelled,  # type: ignore[dict-item]
-    Expired: expired,  # type: ignore[dict-item]
     Redriven: redriven,  # type: ignore[dict-item]
 }
 """The transition of each job event type. Each mutates and returns its record (or, for

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
@@ -67,14 +66,6 @@ _JOB_FIELDS: list[tuple[str, pa.DataType]] = [
     ("queued_at", pa.float64()),
     ("started_at", pa.float64()),
 ]
-
-_LATER_JOB_FIELDS: list[tuple[str, pa.DataType]] = [
-    ("retry", pa.string()),
-    ("expires_at", pa.float64()),
-]
-"""Columns of `jobs` and `jobs_archive` added after tables were in use: last, after the
-partition columns, because that is where `create_tables` adds them to an existing table
-(`retry`: the job's own retry policy as JSON; `expires_at`: when it expires)."""
 
 _PERCENTILE_SUFFIXES = ("p50_s", "p95_s", "p99_s")
 
@@ -135,15 +126,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("batch_id", pa.int64()),
         ]
     ),
-    JOBS: pa.schema([*_JOB_FIELDS, ("part", pa.string()), *_LATER_JOB_FIELDS]),
-    JOBS_ARCHIVE: pa.schema(
-        [
-            *_JOB_FIELDS,
-            ("archived_at", pa.float64()),
-            ("date", pa.date32()),
-            *_LATER_JOB_FIELDS,
-        ]
-    ),
+    JOBS: pa.schema([*_JOB_FIELDS, ("part", pa.string())]),
+    JOBS_ARCHIVE: pa.schema([*_JOB_FIELDS, ("archived_at", pa.float64()), ("date", pa.date32())]),
     STATS: pa.schema([*_STATS_KEY_FIELDS, *_COUNTER_FIELDS, *_latency_fields(True)]),
     STATS_PARTIAL: pa.schema(
         [
@@ -248,23 +232,6 @@ def _delete_folder(spark: SparkSession, location: str) -> None:
     path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(path, True)
 
 
-def _add_missing_columns(
-    spark: SparkSession, warehouse: Warehouse, name: str, table: DeltaTable
-) -> bool:
-    """Add the columns a newer schema has to a table created before them (nullable, at the
-    end: old rows read them as NULL, which every reader takes for the field's default).
-    Whether it added any."""
-    have = {field.name for field in table.schema().fields}
-    missing = [field for field in SCHEMAS[name] if field.name not in have]
-    if not missing:
-        return False
-    columns = spark_schema_of(pa.schema(missing))
-    spec = ", ".join(f"`{field.name}` {field.dataType.simpleString()}" for field in columns)
-    log.info("table %s: adding columns %s", name, spec)
-    spark.sql(f"ALTER TABLE delta.`{warehouse.table(name)}` ADD COLUMNS ({spec})")
-    return True
-
-
 def create_tables(spark: SparkSession, warehouse: Warehouse) -> None:
     """Create every table that does not exist yet (a no-op for the others).
 
@@ -294,8 +261,6 @@ def create_tables(spark: SparkSession, warehouse: Warehouse) -> None:
             for key, value in TABLE_PROPERTIES.items():
                 builder = builder.property(key, value)
             builder.execute()
-        elif _add_missing_columns(spark, warehouse, name, table):
-            table = None  # changed by Spark: a later step reads it again
         own = TABLE_PROPERTIES_OF.get(name)
         if own:
             # Set by delta-rs, which knows them (Spark's Delta refuses `delta.targetFileSize`

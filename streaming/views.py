@@ -22,12 +22,22 @@ if TYPE_CHECKING:
 
     from dispatch.warehouse import Warehouse
 
+
+def _jobs_all_sql() -> str:
+    """`jobs` and `jobs_archive` as one relation, every column named in `jobs`' order: a
+    UNION matches columns by position, and the two tables do not hold them in the same order
+    (columns added later come after each table's own last ones)."""
+    columns = [f"`{name}`" for name in t.SCHEMAS[t.JOBS].names]
+    archived = ["'archived' AS part" if name == "`part`" else name for name in columns]
+    return (
+        f"SELECT {', '.join(columns)}, CAST(NULL AS DOUBLE) AS archived_at FROM jobs UNION ALL"
+        f" SELECT {', '.join(archived)}, archived_at FROM jobs_archive"
+    )
+
+
 VIEWS: dict[str, str] = {
     "dlq": f"SELECT * FROM jobs WHERE part = '{OPEN}' AND status = 'dead'",
-    "jobs_all": (
-        "SELECT *, CAST(NULL AS DOUBLE) AS archived_at FROM jobs UNION ALL"
-        " SELECT * EXCEPT (archived_at, date), 'archived' AS part, archived_at FROM jobs_archive"
-    ),
+    "jobs_all": _jobs_all_sql(),
 }
 """Views over the tables: `dlq`, and `jobs_all` (current jobs and pruned lives together)."""
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import os
 import secrets
@@ -61,7 +60,7 @@ from dispatch.worker.jobs import (
     released,
 )
 from dispatch.worker.subjects import HandlerTable, exec_pattern_of
-from dispatch.worker.tasks import Task, task_of
+from dispatch.worker.tasks import Task, is_async, task_of
 from dispatch.worker.transports import RestTransport, Transport, WebSocketTransport
 
 log = logging.getLogger("dispatch.worker")
@@ -101,11 +100,6 @@ def heartbeat_pause(deadline: float, now: float) -> float:
 def default_worker_id(name: str) -> str:
     """Unique per process (a worker id is the leader's handle on the jobs it holds)."""
     return f"{name}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
-
-
-def _is_async(function: Callable[..., Any]) -> bool:
-    call = getattr(function, "__call__", None)  # noqa: B004  (callable objects)
-    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
 
 
 class RunOptions(TypedDict, total=False):
@@ -186,7 +180,7 @@ class WorkerApp:
         return register
 
     def add_handler(self, pattern: str, function: Handler, *, heartbeat: bool = True) -> None:
-        self.handlers.add(pattern, HandlerSpec(function, _is_async(function), heartbeat))
+        self.handlers.add(pattern, HandlerSpec(function, is_async(function), heartbeat))
 
     @property
     def subjects(self) -> list[str]:

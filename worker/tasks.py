@@ -164,7 +164,7 @@ def task_of(pattern: str, function: Callable[[Assignment], R]) -> Task[R]:
     stacked `@app.handler` decorators register the function itself under each pattern)."""
     if isinstance(function, Task):
         function = function.function
-    if _is_async(function):
+    if is_async(function):
         return _AsyncTask(pattern, function)
     return Task(pattern, function)
 
@@ -227,7 +227,9 @@ def _example(tokens: tuple[str, ...]) -> str:
     return ".".join("name" if token in ("*", ">") else token for token in tokens)
 
 
-def _is_async(function: Callable[..., Any]) -> bool:
+def is_async(function: Callable[..., Any]) -> bool:
+    """Whether a handler is `async def` (or a callable object whose `__call__` is): the worker
+    awaits those and runs the others in a thread."""
     call = getattr(function, "__call__", None)  # noqa: B004  (callable objects)
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
 
@@ -238,6 +240,7 @@ __all__ = [
     "Submitted",
     "Task",
     "default_client",
+    "is_async",
     "set_default_client",
     "task_of",
 ]

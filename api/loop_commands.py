@@ -307,7 +307,8 @@ class AckJob(LoopCommand[JobView | None]):
 
 @dataclass(frozen=True, slots=True)
 class FailJob(LoopCommand[JobView | None]):
-    """The attempt failed (`retryable`: it may run again, after its backoff)."""
+    """The attempt failed (`retryable`: it may run again, after its retry delay, or after
+    `retry_after_s` when the worker gives one)."""
 
     job_id: str
     attempt: int
@@ -316,11 +317,13 @@ class FailJob(LoopCommand[JobView | None]):
     retryable: bool = True
     worker_id: str | None = None
     owner: str | None = None
+    retry_after_s: float | None = None
 
     def decide(self, core: Dispatcher, now: float) -> list[Event]:
         return core.fail(
             self.job_id, self.attempt, self.lease, now, error=self.error,
             retryable=self.retryable, worker_id=self.worker_id, owner=self.owner,
+            retry_after_s=self.retry_after_s,
         )  # fmt: skip
 
     def answer(self, core: Dispatcher, events: list[Event]) -> JobView | None:

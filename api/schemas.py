@@ -18,6 +18,7 @@ from dispatch.core.commands import (
     MAX_TIMEOUT_S,
 )
 from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN
+from dispatch.core.retry import MAX_RETRY_DELAY_S
 
 _EXEC_PATTERN = r"^[^.\s*>]+(\.[^.\s*>]+)*$"
 """An exec name as `dispatch.core.subjects` reads it: dotted tokens, no wildcard or space."""
@@ -26,6 +27,34 @@ _EXEC_PATTERN = r"^[^.\s*>]+(\.[^.\s*>]+)*$"
 class _Body(BaseModel):
     # An unknown field is a client bug (a typo such as `max_attempt`): refuse it, naming it.
     model_config = ConfigDict(extra="forbid")
+
+
+class RetrySubmission(_Body):
+    """A job's own retry policy; a field left out takes its exec's default (settings,
+    `[dispatcher]` `retry_*`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    delay_s: float | None = Field(
+        None,
+        description="Delay after the first failed attempt",
+        json_schema_extra={"minimum": 0, "maximum": MAX_RETRY_DELAY_S},
+    )
+    multiplier: float | None = Field(
+        None,
+        description="Each delay is this many times the previous",
+        json_schema_extra={"minimum": 1},
+    )
+    max_delay_s: float | None = Field(
+        None,
+        description="No delay is longer",
+        json_schema_extra={"minimum": 0, "maximum": MAX_RETRY_DELAY_S},
+    )
+    jitter: float | None = Field(
+        None,
+        description="A delay d is drawn in [d * (1 - jitter), d], fixed by the job id and attempt",
+        json_schema_extra={"minimum": 0, "maximum": 1},
+    )
 
 
 class JobSubmission(_Body):
@@ -64,6 +93,19 @@ class JobSubmission(_Body):
     )
     priority: int = Field(0, json_schema_extra={"minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX})
     delay_s: float = Field(0.0, json_schema_extra={"minimum": 0, "maximum": MAX_DELAY_S})
+    retry: RetrySubmission | None = Field(
+        None, description="Delays between attempts (defaults: the exec's, from the settings)"
+    )
+    expires_at: float | None = Field(
+        None,
+        description="Unix time: a job not started by then ends `expired` and never runs",
+        json_schema_extra={"minimum": 0},
+    )
+    ttl_s: float | None = Field(
+        None,
+        description="As `expires_at`, in seconds after the job is accepted (give one of the two)",
+        json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_DELAY_S},
+    )
 
 
 class JobBatch(_Body):
@@ -91,6 +133,12 @@ class Ack(Settle):
 class Fail(Settle):
     error: str = ""
     retryable: bool = True
+    retry_after_s: float | None = Field(
+        None,
+        description="Retry no sooner than this many seconds from now, instead of after the "
+        "job's retry policy's delay",
+        json_schema_extra={"minimum": 0, "maximum": MAX_RETRY_DELAY_S},
+    )
 
 
 class BatchAck(Ack):

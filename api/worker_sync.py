@@ -71,6 +71,8 @@ def rejoin(
         events += core.fail(
             job.id, job.attempts, job.lease, now,
             error=NOT_RECEIVED, retryable=True, worker_id=worker_id,
+            # Nothing failed: the assignment was lost on its way. Again at once, no delay.
+            retry_after_s=0.0,
         )  # fmt: skip
     if credits:
         events += core.grant_credit(worker_id, credits, now, replace=True)

@@ -58,7 +58,7 @@ EXIT_CODES: dict[int, str] = {
     1: "failure (an API error, no node reachable, a command that failed)",
     2: "bad usage or input (an option, a value, a file)",
     EXIT_NOT_RUNNING: "`dispatch status`: a process of the local stack is not running",
-    EXIT_JOB_FAILED: "`submit --wait`: the job ended dead or cancelled",
+    EXIT_JOB_FAILED: "`submit --wait`: the job ended dead, cancelled or expired",
     EXIT_TIMEOUT: "`submit --wait --timeout`: the job had not ended in time (as timeout(1))",
 }
 """Every exit code of `dispatch`, each with one meaning (shown by `dispatch --help`)."""
@@ -72,8 +72,9 @@ NOT_RUNNING_HINT = (
     "--url or DISPATCH_URL names other nodes"
 )
 _REGISTERED = "_dispatch_job_commands"
-STATUS_COLOURS = {"queued": "cyan", "running": "yellow", "succeeded": "green", "dead": "red",
-                  "cancelled": "magenta"}  # fmt: skip
+STATUS_COLOURS = {"queued": "cyan", "retrying": "cyan", "running": "yellow",
+                  "succeeded": "green", "dead": "red", "cancelled": "magenta",
+                  "expired": "magenta"}  # fmt: skip
 
 UrlOption = Annotated[
     str | None,
@@ -171,6 +172,11 @@ def _show_job(job: Job) -> None:
         rows.append(("priority", str(job.priority)))
     if job.not_before is not None and job.status == "queued":
         rows.append(("not before", _when(job.not_before)))
+    if job.status == "retrying":
+        when = job.next_attempt_at
+        rows.append(("next attempt", "when a worker is free" if when is None else _when(when)))
+    if job.expires_at is not None and job.status in ("queued", "retrying", "expired"):
+        rows.append(("expires", _when(job.expires_at)))
     if job.worker_id is not None:
         rows.append(("worker", escape(job.worker_id)))
     if job.deadline is not None and job.status == "running":
@@ -256,6 +262,10 @@ def submit(
     max_attempts: Annotated[int | None, typer.Option("--max-attempts", min=1)] = None,
     priority: Annotated[int, typer.Option("--priority", help="Higher runs first.")] = 0,
     delay: Annotated[float, typer.Option("--delay", min=0, help="Start after S seconds.")] = 0.0,
+    ttl: Annotated[
+        float | None,
+        typer.Option("--ttl", min=0, help="Expire if not started within S seconds."),
+    ] = None,
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
@@ -278,7 +288,7 @@ def submit(
     try:
         submission = Submission(
             exec=exec_name, payload=_parse_payload(payload), id=job_id, max_attempts=max_attempts,
-            priority=priority, delay_s=delay,
+            priority=priority, delay_s=delay, ttl_s=ttl,
         )  # fmt: skip
     except ValidationError as error:
         _fail(str(error.errors()[0]["msg"]), EXIT_USAGE)

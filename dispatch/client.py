@@ -586,6 +586,13 @@ class Submission(BaseModel):
     priority: int = 0
     delay_s: float = Field(0.0, ge=0)
     client_id: str | None = None
+    retry: dict[str, float] | None = None
+    """The job's own retry policy, some or all of `delay_s`, `multiplier`, `max_delay_s`,
+    `jitter` (the rest: its exec's default)."""
+    expires_at: float | None = Field(None, ge=0)
+    """Unix time: not started by then, the job ends `expired`."""
+    ttl_s: float | None = Field(None, gt=0)
+    """As `expires_at`, in seconds after the job is accepted."""
 
     def to_body(self) -> dict[str, Any]:
         """The JSON body, with an id made here when absent: a retried submit stays one job."""
@@ -811,13 +818,20 @@ class Client(_Base):
         priority: int = 0,
         delay_s: float = 0.0,
         client_id: str | None = None,
+        retry: Mapping[str, float] | None = None,
+        expires_at: float | None = None,
+        ttl_s: float | None = None,
     ) -> Accepted:
         """Submit one job; answered once the dispatcher's log holds it. The same `id` again
-        answers the existing job (`existing=True`)."""
+        answers the existing job (`existing=True`). `retry` sets the job's own delays
+        between attempts (`{"delay_s": 5, "multiplier": 2, "max_delay_s": 600, "jitter":
+        0.2}`, any of them); `ttl_s` or `expires_at` the time after which it must not start
+        (it ends `expired`)."""
         submission = submission_of(
             {"exec": exec, "payload": payload, "id": id, "max_attempts": max_attempts,
              "timeout_s": timeout_s, "priority": priority, "delay_s": delay_s,
-             "client_id": client_id}
+             "client_id": client_id, "retry": None if retry is None else dict(retry),
+             "expires_at": expires_at, "ttl_s": ttl_s}
         )  # fmt: skip
         return self._run(_Calls.submit(submission.to_body()))
 
@@ -943,12 +957,16 @@ class AsyncClient(_Base):
         priority: int = 0,
         delay_s: float = 0.0,
         client_id: str | None = None,
+        retry: Mapping[str, float] | None = None,
+        expires_at: float | None = None,
+        ttl_s: float | None = None,
     ) -> Accepted:
         """Submit one job (see `Client.submit`)."""
         submission = submission_of(
             {"exec": exec, "payload": payload, "id": id, "max_attempts": max_attempts,
              "timeout_s": timeout_s, "priority": priority, "delay_s": delay_s,
-             "client_id": client_id}
+             "client_id": client_id, "retry": None if retry is None else dict(retry),
+             "expires_at": expires_at, "ttl_s": ttl_s}
         )  # fmt: skip
         return await self._run(_Calls.submit(submission.to_body()))
 
@@ -1049,10 +1067,14 @@ class AsyncClient(_Base):
         *,
         retryable: bool = True,
         worker_id: str | None = None,
+        retry_after_s: float | None = None,
     ) -> str | None:
-        """Settle an attempt as failed: retried later if `retryable`, else dead at once."""
-        body = {"attempt": attempt, "lease": lease, "error": error, "retryable": retryable,
-                "worker_id": worker_id}  # fmt: skip
+        """Settle an attempt as failed: retried later if `retryable` (after `retry_after_s`
+        when given, else the job's retry delay), else dead at once."""
+        body: dict[str, Any] = {"attempt": attempt, "lease": lease, "error": error,
+                                "retryable": retryable, "worker_id": worker_id}  # fmt: skip
+        if retry_after_s is not None:
+            body["retry_after_s"] = retry_after_s
         return await self._settle("fail", job_id, body)
 
     async def heartbeat(

@@ -27,6 +27,8 @@ from pydantic_settings import (
 
 from dispatch import storage
 from dispatch.core.config import CoreConfig
+from dispatch.core.retry import MAX_RETRY_DELAY_S, RetryPolicy
+from dispatch.core.subjects import compile_pattern
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "DISPATCH_"
@@ -401,6 +403,20 @@ class DispatcherSettings(_Section):
     """Lead even when the events log's retention removed records the rebuild needs (after the
     newest snapshot's offsets): those decisions are lost. Off by default: such a node refuses
     to lead and names the gap on /readyz (docs/architecture.md)."""
+    retry_delay_s: float = Field(1.0, ge=0, le=MAX_RETRY_DELAY_S)
+    """A job whose attempt failed (a retryable failure, or its ack deadline passed) waits
+    this long before its next attempt; 0 retries at once."""
+    retry_multiplier: float = Field(2.0, ge=1.0)
+    """Each later delay is this many times the previous one ..."""
+    retry_max_delay_s: float = Field(300.0, ge=0, le=MAX_RETRY_DELAY_S)
+    """... but never longer than this."""
+    retry_jitter: float = Field(0.2, ge=0, le=1)
+    """A delay d is drawn in [d * (1 - jitter), d], from the job id and the attempt (a
+    replay draws the same), so that jobs that failed together do not return together."""
+    retry_by_exec: dict[str, dict[str, float]] = Field(default_factory=dict)
+    """Retry policies by exec pattern (`*` one token, a final `>` one or more), the first
+    matching pattern in file order winning: pattern = {delay_s, multiplier, max_delay_s,
+    jitter}, a key left out taking the `retry_*` value above. A job's own `retry` beats both."""
 
     @field_validator("caps")
     @classmethod
@@ -410,9 +426,34 @@ class DispatcherSettings(_Section):
             raise ValueError(f"every cap must be at least 1, got {bad}")
         return value
 
+    @field_validator("retry_by_exec")
+    @classmethod
+    def _retry_policies(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        for pattern, policy in value.items():
+            try:
+                compile_pattern(pattern)
+                RetryPolicy().merged(policy, label=f"retry_by_exec[{pattern!r}]")
+            except ValueError as error:
+                raise ValueError(str(error)) from None
+        return value
+
+    def retry_policy(self) -> RetryPolicy:
+        """The retry policy of every exec no `retry_by_exec` pattern matches."""
+        return RetryPolicy(
+            delay_s=self.retry_delay_s,
+            multiplier=self.retry_multiplier,
+            max_delay_s=self.retry_max_delay_s,
+            jitter=self.retry_jitter,
+        )
+
     def core_config(self) -> CoreConfig:
         """The pure core's policy object (the core reads no settings itself)."""
+        retry = self.retry_policy()
         return CoreConfig(
+            retry=retry,
+            retry_by_exec=tuple(
+                (pattern, retry.merged(policy)) for pattern, policy in self.retry_by_exec.items()
+            ),
             default_cap=self.default_cap,
             caps=self.caps,
             ack_timeout_s=self.ack_timeout_s,

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dispatch.core.job import TERMINAL_STATUSES, JobRecord
+from dispatch.core.job import TERMINAL_STATUSES, JobRecord, next_attempt_at, public_status
 
 
 class _Answer(BaseModel):
@@ -59,7 +59,11 @@ class JobView(_SentInFull):
     client_id: str
     exec: str
     payload: Any = None
-    status: str
+    status: str = Field(
+        description="queued, retrying (queued again after an attempt that failed, timed out "
+        "or lost its worker; see next_attempt_at), running, succeeded, dead, cancelled or "
+        "expired"
+    )
     attempts: int
     max_attempts: int
     timeout_s: float
@@ -72,10 +76,18 @@ class JobView(_SentInFull):
     result: Any = None
     error: str | None = None
     dead_reason: str | None = None
+    next_attempt_at: float | None = Field(
+        None,
+        description="Retrying: the earliest time of its next attempt (null: as soon as a "
+        "worker is free)",
+    )
+    expires_at: float | None = Field(
+        None, description="A job still queued at this time ends expired (null: never)"
+    )
 
     @property
     def terminal(self) -> bool:
-        """Succeeded, dead or cancelled: the job will not change unless redriven."""
+        """Succeeded, dead, cancelled or expired: the job will not change unless redriven."""
         return self.status in TERMINAL_STATUSES
 
 
@@ -106,6 +118,9 @@ def job_view_of(job: JobRecord) -> dict[str, Any]:
     """The `JobView` of a core record, as JSON-able values: the record without its lease
     token and queue position."""
     record = job.to_dict()
+    record["status"] = public_status(job)
+    record["next_attempt_at"] = next_attempt_at(job)
+    record["expires_at"] = job.expires_at
     return {name: record[name] for name in _JOB_VIEW_FIELDS}
 
 

@@ -36,6 +36,10 @@ os.environ.setdefault(f"{ENV_PREFIX}JVM__QUICK_START", "true")
 # The Spark drivers the tests spawn (folds of a test's stack, notebooks) too: they live a
 # minute or two. Never the session's own driver below, which folds for the whole run.
 os.environ.setdefault(f"{ENV_PREFIX}JVM__QUICK_START_DRIVER", "true")
+# Failed attempts retry at once, as before retry delays existed: most tests fail a job to see
+# what follows, not to wait for it. The tests of delays set their own (and a stack's
+# processes inherit this, as the JVM settings above).
+os.environ.setdefault(f"{ENV_PREFIX}DISPATCHER__RETRY_DELAY_S", "0")
 
 _namespace_numbers = itertools.count(1)
 

@@ -13,7 +13,17 @@ from dispatch import wire
 
 class Retry(Exception):
     """Fail this attempt as retryable: the job runs again (attempt + 1) if attempts remain,
-    else it goes to the dead-letter queue. Any other exception does the same."""
+    else it goes to the dead-letter queue. Any other exception does the same.
+
+    The next attempt waits the job's retry delay (its retry policy), or `delay_s` seconds
+    when given (`raise Retry("rate limited", delay_s=30)`: the handler knows best, e.g. from
+    a Retry-After header)."""
+
+    def __init__(self, *args: object, delay_s: float | None = None) -> None:
+        super().__init__(*args)
+        if delay_s is not None and not (isinstance(delay_s, int | float) and delay_s >= 0):
+            raise ValueError(f"Retry(delay_s=...): expected a number >= 0, got {delay_s!r}")
+        self.delay_s = None if delay_s is None else float(delay_s)
 
 
 class PermanentError(Exception):
@@ -43,6 +53,8 @@ class Outcome:
     result: Any = None
     error: str = ""
     retryable: bool = True
+    retry_after_s: float | None = None
+    """The worker's own delay before the next attempt (None: the job's retry policy)."""
 
 
 def outcome_of_error(error: BaseException) -> Outcome:
@@ -50,7 +62,9 @@ def outcome_of_error(error: BaseException) -> Outcome:
     if isinstance(error, PermanentError):
         return Outcome("fail", error=str(error) or "PermanentError", retryable=False)
     if isinstance(error, Retry):
-        return Outcome("fail", error=str(error) or "Retry", retryable=True)
+        return Outcome(
+            "fail", error=str(error) or "Retry", retryable=True, retry_after_s=error.delay_s
+        )
     return Outcome("fail", error=f"{type(error).__name__}: {error}".rstrip(": "), retryable=True)
 
 
@@ -65,4 +79,7 @@ def outcome_of_result(result: Any) -> Outcome:
 
 
 def released(worker_id: str) -> Outcome:
-    return Outcome("fail", error=f"worker {worker_id} stopped before the job finished")
+    # Nothing failed: the worker stopped. The job may run again at once, elsewhere.
+    return Outcome(
+        "fail", error=f"worker {worker_id} stopped before the job finished", retry_after_s=0.0
+    )

@@ -128,6 +128,8 @@ def _settlement(held: Assignment, outcome: Outcome) -> dict[str, Any]:
     else:
         message["error"] = outcome.error
         message["retryable"] = outcome.retryable
+        if outcome.retry_after_s is not None:
+            message["retry_after_s"] = outcome.retry_after_s
     return message
 
 
@@ -508,6 +510,7 @@ class RestTransport:
                 await self.client.fail(
                     held.id, held.attempt, held.lease, outcome.error,
                     retryable=outcome.retryable, worker_id=worker_id,
+                    retry_after_s=outcome.retry_after_s,
                 )  # fmt: skip
         except (Conflict, NotFound) as refused:
             log.warning("worker %s: job %s refused: %s", worker_id, held.id, refused)

@@ -48,6 +48,9 @@ def to_request(body: JobSubmission, principal: Principal, where: str = "body") -
             timeout_s=body.timeout_s,
             priority=body.priority,
             delay_s=body.delay_s,
+            retry=None if body.retry is None else body.retry.model_dump(exclude_none=True),
+            expires_at=body.expires_at,
+            ttl_s=body.ttl_s,
         )
     except ValueError as error:
         raise ApiError(422, f"{where}.{error}") from None
@@ -100,7 +103,7 @@ async def accept(node: Node, requests: list[SubmitRequest], principal: Principal
             warning = served.warning(request.exec) if served is not None else None
             answers.append(Accepted(id=request.id, status="queued", warning=warning))
         else:
-            queued = existing["status"] == "queued"
+            queued = existing["status"] in ("queued", "retrying")
             warning = served.warning(existing["exec"]) if queued and served is not None else None
             answers.append(
                 Accepted(id=request.id, status=existing["status"], existing=True, warning=warning)

@@ -19,15 +19,15 @@ not lose the worker.
 
 A worker then sends `credit {credits}` (additive), `withdraw` (credit to 0: no more
 assignments), `ack {id, attempt, lease, result}`, `fail {id, attempt, lease, error,
-retryable}`, `heartbeat {id, attempt, lease}`, `ping` (answered `pong`) and `acks {acks: [{id,
-attempt, lease, result}, ...]}` (many at once, answered by one `settled_many {results: [{id,
-status} | {id, error, detail}]}`); it receives `assign {id, exec, payload, attempt, deadline,
-lease}` and `settled {id, status}`. A worker whose hello said `batch: true` receives
-`assign_many {assignments: [assign without its type, ...]}` instead: whatever was committed for
-it at once, in one message (one frame, one write: per message, the node spent more time in the
-WebSocket send path than the leader spent deciding). A worker stays known while its socket is
-open (the node heartbeats for it) and is lost at once when the socket closes: its jobs are
-requeued.
+retryable, retry_after_s}`, `heartbeat {id, attempt, lease}`, `ping` (answered `pong`) and
+`acks {acks: [{id, attempt, lease, result}, ...]}` (many at once, answered by one
+`settled_many {results: [{id, status} | {id, error, detail}]}`); it receives `assign {id,
+exec, payload, attempt, deadline, lease}` and `settled {id, status}`. A worker whose hello
+said `batch: true` receives `assign_many {assignments: [assign without its type, ...]}`
+instead: whatever was committed for it at once, in one message (one frame, one write: per
+message, the node spent more time in the WebSocket send path than the leader spent
+deciding). A worker stays known while its socket is open (the node heartbeats for it) and is
+lost at once when the socket closes: its jobs are requeued.
 
 A client receives `result {...job}` for each of its jobs that ends. Errors come as
 `error {error, detail}`.
@@ -70,6 +70,7 @@ from dispatch.api.worker_sync import Held
 from dispatch.auth import KeyRing, Principal, Role
 from dispatch.core.bounds import MAX_JSON_DEPTH, check_json_value
 from dispatch.core.errors import Rejected
+from dispatch.core.retry import check_retry_after
 
 log = logging.getLogger(__name__)
 
@@ -454,7 +455,13 @@ async def _worker_message(
         command = AckJob(job_id, attempt, lease, result, worker_id, owner)
     elif kind == "fail":
         retryable = bool(message.get("retryable", True))
-        command = FailJob(job_id, attempt, lease, str(error), retryable, worker_id, owner)
+        try:
+            retry_after_s = check_retry_after(message.get("retry_after_s"), "fail.retry_after_s")
+        except ValueError as problem:
+            raise _Protocol(str(problem)) from None
+        command = FailJob(
+            job_id, attempt, lease, str(error), retryable, worker_id, owner, retry_after_s
+        )
     else:
         command = ExtendAttempt(job_id, attempt, lease, worker_id, owner)
     view = await term.call(command)

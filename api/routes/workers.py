@@ -87,11 +87,13 @@ async def ack(job_id: str, body: Ack, node: NodeDep, principal: WorkerDep) -> Se
 
 @router.post("/jobs/{job_id}/fail", response_model=Settled)
 async def fail(job_id: str, body: Fail, node: NodeDep, principal: WorkerDep) -> Settled:
-    """The attempt failed: retried with backoff if `retryable` and attempts remain, else dead."""
+    """The attempt failed: retried after its retry delay (or `retry_after_s`) if `retryable`
+    and attempts remain, else dead."""
     owner = owner_of(principal)
     command = FailJob(
-        job_id, body.attempt, body.lease, body.error, body.retryable, body.worker_id, owner
-    )
+        job_id, body.attempt, body.lease, body.error, body.retryable, body.worker_id, owner,
+        body.retry_after_s,
+    )  # fmt: skip
     job = _settled(job_id, await node.call(command))
     return Settled(id=job_id, status=job["status"])
 

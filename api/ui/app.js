@@ -237,7 +237,7 @@ function showWorkers(workers) {
 }
 
 function showTotals(counts) {
-  for (const status of ["queued", "running", "succeeded", "dead", "cancelled"]) {
+  for (const status of ["queued", "running", "succeeded", "dead", "cancelled", "expired"]) {
     $(`total-${status}`).textContent = String(counts[status] ?? 0);
   }
 }
@@ -456,6 +456,11 @@ async function showLookup() {
       ["client", job.client_id],
       ["attempts", `${job.attempts} / ${job.max_attempts}`],
       ["worker", job.worker_id ?? "–"],
+      // A retrying job: when its next attempt may start (null: as soon as a worker is free).
+      ...(job.status === "retrying"
+        ? [["next attempt", job.next_attempt_at == null ? "when a worker is free" : until(job.next_attempt_at)]]
+        : []),
+      ...(job.expires_at == null ? [] : [["expires", until(job.expires_at)]]),
       ["submitted", ago(job.submitted_at)],
       ["updated", ago(job.updated_at)],
       ["error", job.error ?? "–"],

@@ -27,6 +27,7 @@ from dispatch.core.events import (
     DeadLettered,
     Enqueued,
     Event,
+    Expired,
     JobEvent,
     JobHeartbeat,
     LeaderElected,
@@ -49,6 +50,7 @@ from dispatch.core.job import (
 )
 from dispatch.core.queries import QueueStats
 from dispatch.core.reducer import apply_job_event, fold_job, fold_job_events
+from dispatch.core.retry import RetryPolicy
 from dispatch.core.state import DispatcherState
 from dispatch.core.subjects import ASSIGN_PREFIX, assign_subject, subject_matches
 from dispatch.core.workers import WorkerRecord
@@ -71,6 +73,7 @@ __all__ = [
     "Enqueued",
     "EpochFence",
     "Event",
+    "Expired",
     "InvalidTransition",
     "JobEvent",
     "JobHeartbeat",
@@ -85,6 +88,7 @@ __all__ = [
     "Rejected",
     "RequeueReason",
     "Requeued",
+    "RetryPolicy",
     "SubmitRequest",
     "WorkerHeartbeat",
     "WorkerJoined",

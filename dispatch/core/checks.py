@@ -117,6 +117,14 @@ def _check_queues(state: DispatcherState, running_per_queue: Counter[str]) -> No
     assert set(laned) | set(delayed_ids) == queued, "queued jobs and queues disagree"
     assert not set(laned) & set(delayed_ids), "a job is both delayed and ready"
     assert state._delayed == len(delayed)
+    expiring = {
+        entry[2].id
+        for entry in state._job_expiry.heap
+        if entry[2].status is JobStatus.QUEUED and entry[2].expires_at == entry[0]
+    }
+    for job_id in queued:
+        if jobs[job_id].expires_at is not None:
+            assert job_id in expiring, f"{job_id}: queued with an expiry the core would miss"
 
 
 def _check_workers_and_clients(state: DispatcherState, inflight: Counter[str]) -> None:

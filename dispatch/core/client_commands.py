@@ -121,6 +121,14 @@ class ClientCommands:
             not_before = now + request.delay_s
         elif not_before is not None and not_before <= now:
             not_before = None
+        # The job's own policy is completed from its exec's default now, so it keeps the
+        # policy it was accepted with; a job without one follows the settings of the day.
+        retry = None
+        if request.retry is not None:
+            retry = config.retry_for(request.exec).merged(request.retry)
+        expires_at = request.expires_at
+        if request.ttl_s is not None:
+            expires_at = now + request.ttl_s
         event = new_enqueued(
             state.fence.epoch,
             now,
@@ -133,6 +141,8 @@ class ClientCommands:
             request.priority,
             not_before,
             state._next_seq,
+            retry,
+            expires_at,
         )
         state._on_enqueued(event)
         out.append(event)

@@ -9,6 +9,7 @@ from typing import Any
 from dispatch.core import _validate as v
 from dispatch.core.bounds import check_json_value
 from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN
+from dispatch.core.retry import RetryPolicy
 from dispatch.core.subjects import validate_exec
 
 DEFAULT_CLIENT_ID = "default"
@@ -39,6 +40,9 @@ _FIELDS = frozenset(
         "priority",
         "delay_s",
         "not_before",
+        "retry",
+        "expires_at",
+        "ttl_s",
     }
 )
 
@@ -50,6 +54,11 @@ class SubmitRequest:
     `max_attempts` and `timeout_s` default to the dispatcher's `CoreConfig`. A job runs no
     earlier than `delay_s` seconds after it is accepted, or than the absolute unix time
     `not_before` (give at most one of the two).
+
+    `retry` holds some or all of a retry policy's fields (`delay_s`, `multiplier`,
+    `max_delay_s`, `jitter`); those it leaves out come from its exec's default when the job
+    is enqueued. A job not started `ttl_s` seconds after it is accepted, or by the unix time
+    `expires_at` (at most one of the two), ends `expired`.
     """
 
     id: str
@@ -61,6 +70,9 @@ class SubmitRequest:
     priority: int = 0
     delay_s: float = 0.0
     not_before: float | None = None
+    retry: Mapping[str, Any] | None = None
+    expires_at: float | None = None
+    ttl_s: float | None = None
 
     def __post_init__(self) -> None:
         v.as_submitted_id(self.id, "id")
@@ -80,8 +92,19 @@ class SubmitRequest:
         check_json_value(self.payload, label="payload")
         if self.delay_s and self.not_before is not None:
             raise ValueError("delay_s: give delay_s or not_before, not both")
+        if self.retry is not None:
+            # Each field checked on its own (the policy has no rule across fields).
+            RetryPolicy().merged(self.retry)
+            object.__setattr__(self, "retry", dict(self.retry))
+        if self.expires_at is not None:
+            number = v.as_number(self.expires_at, "expires_at", non_negative=True)
+            _at_most(number, MAX_NOT_BEFORE, "expires_at")
+        if self.ttl_s is not None:
+            _at_most(v.as_number(self.ttl_s, "ttl_s", positive=True), MAX_DELAY_S, "ttl_s")
+            if self.expires_at is not None:
+                raise ValueError("ttl_s: give ttl_s or expires_at, not both")
         # Times are floats in every event; normalise ints once here.
-        for name in ("timeout_s", "delay_s", "not_before"):
+        for name in ("timeout_s", "delay_s", "not_before", "expires_at", "ttl_s"):
             value = getattr(self, name)
             if type(value) is int:
                 object.__setattr__(self, name, float(value))
@@ -103,6 +126,9 @@ class SubmitRequest:
             priority=v.field_value(data, "priority", where, 0),
             delay_s=v.field_value(data, "delay_s", where, 0.0),
             not_before=v.field_value(data, "not_before", where, None),
+            retry=v.field_value(data, "retry", where, None),
+            expires_at=v.field_value(data, "expires_at", where, None),
+            ttl_s=v.field_value(data, "ttl_s", where, None),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,6 +147,10 @@ class SubmitRequest:
             out["delay_s"] = self.delay_s
         if self.not_before is not None:
             out["not_before"] = self.not_before
+        for name in ("retry", "expires_at", "ttl_s"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
         return out
 
 

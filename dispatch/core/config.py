@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from dispatch.core.retry import RetryPolicy
+from dispatch.core.subjects import compile_pattern, match_tokens
+
 
 def _check_positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -45,6 +48,12 @@ class CoreConfig:
     """Attempts before the dead-letter queue, for jobs that do not set their own."""
     worker_expiry_s: float | None = 15.0
     """A worker silent this long is lost on the next tick; None: only explicit loss counts."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Delays between attempts of a job that sets no policy of its own and whose exec no
+    `retry_by_exec` pattern matches. The default retries at once."""
+    retry_by_exec: tuple[tuple[str, RetryPolicy], ...] = ()
+    """(exec pattern, policy) pairs: the first pattern matching a job's exec (`*` one
+    token, a final `>` one or more) gives its policy."""
 
     def __post_init__(self) -> None:
         _check_positive_int("default_cap", self.default_cap)
@@ -75,6 +84,33 @@ class CoreConfig:
             object.__setattr__(self, "worker_expiry_s", float(self.worker_expiry_s))
         # A read-only copy, so that a caller mutating its dict cannot change a running core.
         object.__setattr__(self, "caps", MappingProxyType(dict(self.caps)))
+        if not isinstance(self.retry, RetryPolicy):
+            raise ValueError(f"retry: expected a RetryPolicy, got {self.retry!r}")
+        compiled: list[tuple[tuple[str, ...], RetryPolicy]] = []
+        for pair in self.retry_by_exec:
+            pattern, policy = pair
+            try:
+                tokens = compile_pattern(pattern)
+            except ValueError as error:
+                raise ValueError(f"retry_by_exec[{pattern!r}]: {error}") from None
+            if not isinstance(policy, RetryPolicy):
+                raise ValueError(f"retry_by_exec[{pattern!r}]: expected a RetryPolicy")
+            compiled.append((tokens, policy))
+        object.__setattr__(self, "retry_by_exec", tuple(self.retry_by_exec))
+        object.__setattr__(self, "_retry_patterns", tuple(compiled))
+
+    def retry_for(self, exec_name: str) -> RetryPolicy:
+        """The default retry policy of jobs of `exec_name`."""
+        if self._retry_patterns:
+            tokens = tuple(exec_name.split("."))
+            for pattern, policy in self._retry_patterns:
+                if match_tokens(pattern, tokens):
+                    return policy
+        return self.retry
+
+    _retry_patterns: tuple[tuple[tuple[str, ...], RetryPolicy], ...] = field(
+        default=(), init=False, repr=False, compare=False
+    )
 
     def cap_for(self, client_id: str) -> int:
         """The in-flight cap of one client."""

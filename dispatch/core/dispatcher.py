@@ -98,7 +98,7 @@ class Dispatcher:
         return self._leader_commands.resume(now, outage_s=outage_s, reconnect_s=reconnect_s)
 
     def prune(self, before: float, now: float) -> list[Event]:
-        """Forget succeeded and cancelled jobs that finished at or before `before`."""
+        """Forget succeeded, cancelled and expired jobs that finished at or before `before`."""
         return self._leader_commands.prune(before, now)
 
     # --- time and assignment ---------------------------------------------------------------
@@ -203,8 +203,10 @@ class Dispatcher:
         retryable: bool = True,
         worker_id: str | None = None,
         owner: str | None = None,
+        retry_after_s: float | None = None,
     ) -> list[Event]:
-        """The attempt failed: requeue it, or dead-letter it (permanent, or no attempt left)."""
+        """The attempt failed: requeue it after its retry delay (`retry_after_s`, else its
+        policy's), or dead-letter it (permanent, or no attempt left)."""
         return self._settlement.fail(
             job_id,
             attempt,
@@ -214,6 +216,7 @@ class Dispatcher:
             retryable=retryable,
             worker_id=worker_id,
             owner=owner,
+            retry_after_s=retry_after_s,
         )
 
     def heartbeat(

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from dispatch.core import _validate as v
 from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN, DeadReason, RequeueReason
+from dispatch.core.retry import RetryPolicy
 from dispatch.core.subjects import validate_exec, validate_patterns
 
 
@@ -136,6 +137,22 @@ class Enqueued(JobEvent):
     priority: int = 0
     not_before: float | None = None
     seq: int
+    retry: RetryPolicy | None = None
+    """The job's own retry policy (None: its exec's default when a delay is decided)."""
+    expires_at: float | None = None
+    """Not started by then, the job expires (None: never)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = Event.to_dict(self)
+        # Left out when unset, so that a job using neither is written exactly as before
+        # they existed (older nodes still read it).
+        if self.retry is None:
+            del out["retry"]
+        else:
+            out["retry"] = self.retry.to_dict()
+        if self.expires_at is None:
+            del out["expires_at"]
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,7 +205,8 @@ class Completed(JobEvent):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Requeued(JobEvent):
-    """A running job went back to its queue at position `seq` (before later submissions)."""
+    """A running job went back to its queue at position `seq` (before later submissions),
+    not runnable before `not_before` (its retry delay; None: at once)."""
 
     type: ClassVar[str] = "requeued"
     reason: RequeueReason
@@ -196,6 +214,19 @@ class Requeued(JobEvent):
     attempt: int
     error: str | None = None
     seq: int
+    not_before: float | None = None
+    retry_after_s: float | None = None
+    """The delay the worker asked for, when it did (None: the job's retry policy decided).
+    Folding ignores it (`not_before` is the fact); a replay gives the worker's answer again."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = Event.to_dict(self)
+        # Left out when unset: written as before retry delays existed.
+        if out["not_before"] is None:
+            del out["not_before"]
+        if out["retry_after_s"] is None:
+            del out["retry_after_s"]
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -214,6 +245,14 @@ class Cancelled(JobEvent):
     """A queued job was cancelled."""
 
     type: ClassVar[str] = "cancelled"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Expired(JobEvent):
+    """A queued job reached its `expires_at` before an attempt started: it never runs."""
+
+    type: ClassVar[str] = "expired"
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -241,6 +280,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Requeued,
         DeadLettered,
         Cancelled,
+        Expired,
         Redriven,
     )
 }
@@ -314,6 +354,10 @@ _SCHEMAS: dict[type[Event], dict[str, _Parse]] = {
         "priority": lambda value, label: v.as_int(value, label, PRIORITY_MIN, PRIORITY_MAX),
         "not_before": v.as_opt_number,
         "seq": v.as_int,
+        "retry": lambda value, label: (
+            None if value is None else RetryPolicy.from_dict(value, label)
+        ),
+        "expires_at": v.as_opt_number,
     },
     Assigned: {
         **_JOB,
@@ -351,6 +395,8 @@ _SCHEMAS: dict[type[Event], dict[str, _Parse]] = {
         "attempt": _attempt,
         "error": v.as_opt_str,
         "seq": v.as_int,
+        "not_before": v.as_opt_number,
+        "retry_after_s": v.as_opt_number,
     },
     DeadLettered: {
         **_JOB,
@@ -360,6 +406,7 @@ _SCHEMAS: dict[type[Event], dict[str, _Parse]] = {
         "error": v.as_opt_str,
     },
     Cancelled: {**_JOB},
+    Expired: {**_JOB, "reason": v.as_str},
     Redriven: {**_JOB, "seq": v.as_int},
 }
 _ALLOWED: dict[type[Event], frozenset[str]] = {

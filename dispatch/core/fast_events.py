@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dispatch.core.events import _FIELDS, Assigned, Completed, Enqueued, Event
+from dispatch.core.retry import RetryPolicy
 
 _new = object.__new__
 
@@ -40,6 +41,8 @@ _ENQUEUED_SETTERS = _slot_setters(
         "priority",
         "not_before",
         "seq",
+        "retry",
+        "expires_at",
     ),
 )
 _ASSIGNED_SETTERS = _slot_setters(
@@ -62,10 +65,12 @@ def new_enqueued(
     priority: int,
     not_before: float | None,
     seq: int,
+    retry: RetryPolicy | None = None,
+    expires_at: float | None = None,
     _setters: tuple[Callable[[Any, Any], None], ...] = _ENQUEUED_SETTERS,
 ) -> Enqueued:
     """Same as Enqueued(...) with these values, faster (no validation in either)."""
-    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10 = _setters
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12 = _setters
     event: Enqueued = _new(Enqueued)
     s0(event, epoch)
     s1(event, at)
@@ -78,6 +83,8 @@ def new_enqueued(
     s8(event, priority)
     s9(event, not_before)
     s10(event, seq)
+    s11(event, retry)
+    s12(event, expires_at)
     return event
 
 

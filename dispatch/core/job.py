@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from dispatch.core import _validate as v
+from dispatch.core.retry import RetryPolicy
 from dispatch.core.subjects import validate_exec
 
 PRIORITY_MIN = -1_000_000
@@ -25,10 +26,34 @@ class JobStatus(StrEnum):
     """In the dead-letter queue; `dead_reason` says why. Can be redriven."""
     CANCELLED = "cancelled"
     """Cancelled while queued. Terminal."""
+    EXPIRED = "expired"
+    """Still queued at its `expires_at`: it never ran (again). Terminal."""
 
 
-TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.DEAD})
-"""Statuses a job leaves only by redrive (dead) or never (succeeded, cancelled)."""
+TERMINAL_STATUSES = frozenset(
+    {JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.DEAD, JobStatus.EXPIRED}
+)
+"""Statuses a job leaves only by redrive (dead) or never (succeeded, cancelled, expired)."""
+
+RETRYING = "retrying"
+"""The status the API shows for a queued job that has run before: it waits for its next
+attempt (at `not_before`, its `next_attempt_at`, if the attempt failed with a delay). The
+core keeps such a job `queued`: it is queued in every way (cancellable, expirable, taken in
+queue order); only what a user reads tells it apart (`public_status`)."""
+
+
+def public_status(job: JobRecord) -> str:
+    """The status a user reads: the core's, except `retrying` (see RETRYING)."""
+    if job.status is JobStatus.QUEUED and job.attempts > 0:
+        return RETRYING
+    return job.status.value
+
+
+def next_attempt_at(job: JobRecord) -> float | None:
+    """When a retrying job may run its next attempt (None: as soon as a worker is free)."""
+    if job.status is JobStatus.QUEUED and job.attempts > 0:
+        return job.not_before
+    return None
 
 
 class DeadReason(StrEnum):
@@ -93,6 +118,11 @@ class JobRecord:
     error: str | None = None
     """The latest error (failure text, timeout, worker loss)."""
     dead_reason: DeadReason | None = None
+    retry: RetryPolicy | None = None
+    """The job's own retry policy; None: its exec's default (`CoreConfig.retry_for`) when a
+    delay is decided."""
+    expires_at: float | None = None
+    """A queued job still not started at this time ends `expired` (None: never)."""
 
     def copy(self) -> JobRecord:
         return JobRecord(
@@ -115,6 +145,8 @@ class JobRecord:
             self.result,
             self.error,
             self.dead_reason,
+            self.retry,
+            self.expires_at,
         )
 
     @property
@@ -122,8 +154,10 @@ class JobRecord:
         return self.status in TERMINAL_STATUSES
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain dict of JSON-able values (status and dead_reason as strings)."""
-        return {
+        """A plain dict of JSON-able values (status and dead_reason as strings). `retry` and
+        `expires_at` are left out when unset: a record of a job that uses neither is written
+        exactly as before they existed."""
+        out: dict[str, Any] = {
             "id": self.id,
             "client_id": self.client_id,
             "exec": self.exec,
@@ -144,6 +178,11 @@ class JobRecord:
             "dead_reason": None if self.dead_reason is None else self.dead_reason.value,
             "seq": self.seq,
         }
+        if self.retry is not None:
+            out["retry"] = self.retry.to_dict()
+        if self.expires_at is not None:
+            out["expires_at"] = self.expires_at
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobRecord:
@@ -175,12 +214,22 @@ class JobRecord:
             error=v.as_opt_str(get("error", None), "job.error"),
             dead_reason=v.as_opt_enum(DeadReason, get("dead_reason", None), "job.dead_reason"),
             seq=v.as_int(get("seq"), "job.seq"),
+            retry=_opt_retry(get("retry", None)),
+            expires_at=v.as_opt_number(get("expires_at", None), "job.expires_at"),
         )
         check_record(record)
         return record
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(JobRecord))
+
+
+def _opt_retry(value: Any) -> RetryPolicy | None:
+    if value is None:
+        return None
+    if isinstance(value, RetryPolicy):
+        return value
+    return RetryPolicy.from_dict(value, "job.retry")
 
 
 def _exec(value: Any, label: str) -> str:

@@ -68,9 +68,9 @@ class LeaderCommands:
         return out
 
     def prune(self, before: float, now: float) -> list[Event]:
-        """Forget succeeded and cancelled jobs that finished at or before `before` (their ids
-        can then be submitted again). Dead jobs stay until redriven. Emits one `pruned` event
-        if anything goes."""
+        """Forget succeeded, cancelled and expired jobs that finished at or before `before`
+        (their ids can then be submitted again). Dead jobs stay until redriven. Emits one
+        `pruned` event if anything goes."""
         try:
             before = v.as_number(before, "before")
         except ValueError as error:

@@ -202,7 +202,12 @@ class DispatcherQueries:
         state = self._state
         times = [
             heap[0][0]
-            for heap in (state._deadlines.heap, state._delays.heap, state._expiry.heap)
+            for heap in (
+                state._deadlines.heap,
+                state._delays.heap,
+                state._expiry.heap,
+                state._job_expiry.heap,
+            )
             if heap
         ]
         return min(times) if times else None

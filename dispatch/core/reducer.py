@@ -14,10 +14,11 @@ Transitions (anything else raises InvalidTransition):
     running   --reassigned-->      running      attempts += 1, new worker/lease/deadline
     running   --job_heartbeat-->   running      deadline extended
     running   --completed-->       succeeded    result recorded
-    running   --requeued-->        queued       error recorded
+    running   --requeued-->        queued       error and retry time (`not_before`) recorded
     running   --dead_lettered-->   dead         dead_reason and error recorded
     queued    --cancelled-->       cancelled
-    dead      --redriven-->        queued       attempts reset to 0
+    queued    --expired-->         expired      reason recorded as the error
+    dead      --redriven-->        queued       attempts reset to 0, expiry cleared
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dispatch.core.events import (
     DeadLettered,
     Enqueued,
     Event,
+    Expired,
     JobEvent,
     JobHeartbeat,
     Reassigned,
@@ -43,6 +45,7 @@ from dispatch.core.job import JobRecord, JobStatus
 _QUEUED = JobStatus.QUEUED
 _RUNNING = JobStatus.RUNNING
 _CANCELLED = JobStatus.CANCELLED
+_EXPIRED = JobStatus.EXPIRED
 
 
 def _refuse(job: JobRecord | None, event: JobEvent, why: str) -> InvalidTransition:
@@ -74,12 +77,17 @@ def _expect_current(
 
 
 def enqueued(job: JobRecord | None, event: Enqueued) -> JobRecord:
-    # A succeeded or cancelled job the leader has pruned may be submitted again: its new
-    # life replaces the old record. Anything else means the leader broke dedup.
-    if job is not None and job.status is not JobStatus.SUCCEEDED and job.status is not _CANCELLED:
+    # A succeeded, cancelled or expired job the leader has pruned may be submitted again:
+    # its new life replaces the old record. Anything else means the leader broke dedup.
+    if (
+        job is not None
+        and job.status is not JobStatus.SUCCEEDED
+        and job.status is not _CANCELLED
+        and job.status is not _EXPIRED
+    ):
         raise _refuse(job, event, "the job already exists")
     # Positional: a job is created per submission, and this is twice as fast as keywords.
-    return JobRecord(
+    record = JobRecord(
         event.job_id,
         event.client_id,
         event.exec,
@@ -94,6 +102,11 @@ def enqueued(job: JobRecord | None, event: Enqueued) -> JobRecord:
         event.priority,
         event.not_before,
     )
+    if event.retry is not None:
+        record.retry = event.retry
+    if event.expires_at is not None:
+        record.expires_at = event.expires_at
+    return record
 
 
 def assigned(job: JobRecord | None, event: Assigned) -> JobRecord:
@@ -164,6 +177,8 @@ def requeued(job: JobRecord | None, event: Requeued) -> JobRecord:
     job.deadline = None
     job.error = event.error
     job.seq = event.seq
+    # The retry delay decided (None: runnable at once; a submission's own delay is spent).
+    job.not_before = event.not_before
     job.updated_at = event.at
     return job
 
@@ -185,9 +200,20 @@ def cancelled(job: JobRecord | None, event: Cancelled) -> JobRecord:
     return job
 
 
+def expired(job: JobRecord | None, event: Expired) -> JobRecord:
+    job = _expect(job, event, _QUEUED)
+    job.status = _EXPIRED
+    job.error = event.reason or None
+    job.updated_at = event.at
+    return job
+
+
 def redriven(job: JobRecord | None, event: Redriven) -> JobRecord:
     job = _expect(job, event, JobStatus.DEAD)
     job.status = _QUEUED
+    # An operator's redrive overrides the submitter's deadline: the job runs again.
+    job.expires_at = None
+    job.not_before = None
     job.attempts = 0
     job.dead_reason = None
     job.error = None
@@ -210,6 +236,7 @@ TRANSITIONS: dict[type[JobEvent], _Transition] = {
     Requeued: requeued,  # type: ignore[dict-item]
     DeadLettered: dead_lettered,  # type: ignore[dict-item]
     Cancelled: cancelled,  # type: ignore[dict-item]
+    Expired: expired,  # type: ignore[dict-item]
     Redriven: redriven,  # type: ignore[dict-item]
 }
 """The transition of each job event type. Each mutates and returns its record (or, for

@@ -22,6 +22,7 @@ _RUNNING = JobStatus.RUNNING
 _SUCCEEDED = JobStatus.SUCCEEDED
 _CANCELLED = JobStatus.CANCELLED
 _DEAD = JobStatus.DEAD
+_EXPIRED = JobStatus.EXPIRED
 
 _ID = attrgetter("id")
 _SEQ = attrgetter("seq")
@@ -103,14 +104,13 @@ def load_snapshot(
     if by_seq:
         state._bump_seq(by_seq[0].seq)
         state._bump_seq(by_seq[-1].seq)
-    for job in queued:
-        state._place(job, queues[job.exec])
+    _place_queued(state, queued)
 
     finished = state._finished
     running_count = counts[_RUNNING.value]
     for job in by_time:
         status = job.status
-        if status is _SUCCEEDED or status is _CANCELLED:
+        if status is _SUCCEEDED or status is _CANCELLED or status is _EXPIRED:
             finished.append(job)
         elif status is _RUNNING:
             worker = state._worker_for(job.worker_id or "", clock)
@@ -121,6 +121,18 @@ def load_snapshot(
             state._deadlines.push(job.deadline, job, running_count)
         elif status is _DEAD:
             state._dead[job.id] = job
+
+
+def _place_queued(state: DispatcherState, queued: list[JobRecord]) -> None:
+    """Queued jobs into their lanes or the delay heap, and those with an expiry into the
+    job-expiry heap."""
+    queues = state._queues
+    job_expiry = state._job_expiry
+    live = len(queued)
+    for job in queued:
+        state._place(job, queues[job.exec])
+        if job.expires_at is not None:
+            job_expiry.push(job, live)
 
 
 def _valid(records: list[JobRecord]) -> bool:

@@ -15,6 +15,7 @@ from dispatch.core.errors import RejectCode, Rejected
 from dispatch.core.events import (
     DeadLettered,
     Event,
+    Expired,
     Reassigned,
     Requeued,
     WorkerLost,
@@ -65,6 +66,27 @@ class Scheduler:
         if worker is None:
             raise Rejected(RejectCode.UNKNOWN_WORKER, f"worker {worker_id!r} has not joined")
         return worker
+
+    def retry_at(
+        self, job: JobRecord, now: float, retry_after_s: float | None = None
+    ) -> float | None:
+        """When the job's next attempt may start after its current one failed at `now`: the
+        worker's own `retry_after_s` if given, else its retry policy's delay (the job's own,
+        or its exec's default); None when that delay is 0 (at once)."""
+        if retry_after_s is None:
+            policy = job.retry or self._state.config.retry_for(job.exec)
+            delay = policy.delay(job.id, job.attempts)
+        else:
+            delay = retry_after_s
+        return now + delay if delay > 0 else None
+
+    def expire_due(self, now: float, out: list[Event]) -> None:
+        """End every queued job whose `expires_at` has come (`expired`): it never runs."""
+        state = self._state
+        epoch = state.fence.epoch
+        for job in state._job_expiry.pop_due(now):
+            reason = f"expired at {job.expires_at:.3f} before attempt {job.attempts + 1} started"
+            state.emit(Expired(epoch=epoch, at=now, job_id=job.id, reason=reason), out)
 
     def lose(self, worker: WorkerState, now: float, reason: str, out: list[Event]) -> None:
         """Requeue (or dead-letter, on their last attempt) the worker's jobs, then forget it."""
@@ -127,9 +149,11 @@ class Scheduler:
         return out
 
     def _expire(self, job: JobRecord, now: float, out: list[Event]) -> None:
-        """The job's deadline passed: reassign it, preferably to another matching worker with
-        credit, else to the same worker if it has credit left, with attempt + 1; else it waits
-        at the front of its queue. Dead-letter it if that was its last attempt.
+        """The job's deadline passed: a failed attempt. Dead-letter it if that was its last
+        attempt. If its retry policy gives a delay, it waits that long at the front of its
+        queue (as after a retryable failure). Else reassign it at once, preferably to another
+        matching worker with credit, else to the same worker if it has credit left, with
+        attempt + 1; else (or if it has expired meanwhile) it waits at the front of its queue.
 
         The same worker spends a credit like any other: it may still be running the timed-out
         attempt (stuck, or slow), which holds its slot until the worker gives it back, so a
@@ -153,10 +177,15 @@ class Scheduler:
                 out,
             )
             return
+        retry_at = self.retry_at(job, now)
         queue = state._queues[job.exec]
-        target = pick_worker(self.matching(queue), exclude=worker)
-        if target is None and worker.credit > 0 and worker.matches(queue.subject):
-            target = worker
+        target = None
+        expired = job.expires_at is not None and job.expires_at <= now
+        # An expired job starts no new attempt: requeued, the pass that follows expires it.
+        if retry_at is None and not expired:
+            target = pick_worker(self.matching(queue), exclude=worker)
+            if target is None and worker.credit > 0 and worker.matches(queue.subject):
+                target = worker
         if target is None:
             # Nobody has room for it now (or only a worker whose subjects changed, or a
             # placeholder after a restore, held it): it waits at the front of its queue.
@@ -169,6 +198,7 @@ class Scheduler:
                 attempt=attempt,
                 error=error,
                 seq=state._front_seq,
+                not_before=retry_at,
             )
         else:
             event = Reassigned(
@@ -196,6 +226,10 @@ class Scheduler:
         unservable leaves the rotation until a job, a worker or credit wakes it, so the pass
         costs O(assignments + queues that changed), not O(queues)."""
         state = self._state
+        job_expiry = state._job_expiry.heap
+        if job_expiry and job_expiry[0][0] <= now:
+            # Before any assignment: a job is never started at or after its expiry.
+            self.expire_due(now, out)
         rotation = state._rotation
         epoch = state.fence.epoch
         on_assigned = state._on_assigned

@@ -27,6 +27,7 @@ from dispatch.core.events import (
 )
 from dispatch.core.fast_events import new_completed
 from dispatch.core.job import DeadReason, JobRecord, JobStatus, RequeueReason
+from dispatch.core.retry import check_retry_after
 from dispatch.core.scheduler import Scheduler
 from dispatch.core.state import DispatcherState
 
@@ -212,10 +213,16 @@ class SettlementCommands:
         retryable: bool = True,
         worker_id: str | None = None,
         owner: str | None = None,
+        retry_after_s: float | None = None,
     ) -> list[Event]:
         """The attempt failed. Permanent: dead-letter at once. Retryable: requeue (in front of
-        its client's later jobs) for attempt + 1, or dead-letter if no attempt is left.
-        Repeating a failure that dead-lettered the job returns []."""
+        its client's later jobs) for attempt + 1, not runnable before its retry delay
+        (`retry_after_s` if the worker gave one, else the job's retry policy), or dead-letter
+        if no attempt is left. Repeating a failure that dead-lettered the job returns []."""
+        try:
+            retry_after_s = check_retry_after(retry_after_s)
+        except ValueError as problem:
+            raise Rejected(RejectCode.INVALID, str(problem), job_id=job_id) from None
         repeat = frozenset({DeadReason.PERMANENT_FAILURE, DeadReason.RETRIES_EXHAUSTED})
         job = self._current(
             job_id,
@@ -254,6 +261,8 @@ class SettlementCommands:
                 attempt=attempt,
                 error=error,
                 seq=state._front_seq,
+                not_before=self._scheduler.retry_at(job, now, retry_after_s),
+                retry_after_s=retry_after_s,
             )
         state.emit(event, out)
         self._scheduler.assignment_pass(now, out)

@@ -29,6 +29,7 @@ from dispatch.core.events import (
     DeadLettered,
     Enqueued,
     Event,
+    Expired,
     JobHeartbeat,
     LeaderElected,
     Pruned,
@@ -43,7 +44,7 @@ from dispatch.core.fence import EpochFence
 from dispatch.core.job import DeadReason, JobRecord, JobStatus, RequeueReason
 from dispatch.core.leases import LeaseTokens, RandomLeaseTokens
 from dispatch.core.queues import ClientState, ExecQueue, unpark
-from dispatch.core.timers import DeadlineHeap, DelayHeap, ExpiryHeap
+from dispatch.core.timers import DeadlineHeap, DelayHeap, ExpiryHeap, JobExpiryHeap
 from dispatch.core.workers import WorkerState
 
 _QUEUED = JobStatus.QUEUED
@@ -81,6 +82,8 @@ class DispatcherState:
         self._deadlines = DeadlineHeap()
         self._delays = DelayHeap()
         self._expiry = ExpiryHeap()
+        self._job_expiry = JobExpiryHeap()
+        """Queued jobs with an `expires_at`, by that time."""
         self._dead: dict[str, JobRecord] = {}
         """The dead-letter queue, in dead-lettering order."""
         self._finished: deque[JobRecord] = deque()
@@ -112,6 +115,7 @@ class DispatcherState:
             Requeued: self._on_requeued,
             DeadLettered: self._on_dead_lettered,
             Cancelled: self._on_cancelled,
+            Expired: self._on_expired,
             Redriven: self._on_redriven,
         }
 
@@ -338,6 +342,8 @@ class DispatcherState:
                 self._rotation.append(queue)
         else:
             self._place(job, queue)
+        if job.expires_at is not None:
+            self._job_expiry.push(job, self._counts[_QUEUED_KEY])
 
     def _on_assigned(self, event: Assigned) -> None:
         job = self._jobs.get(event.job_id)
@@ -400,6 +406,9 @@ class DispatcherState:
         self._counts[_QUEUED_KEY] += 1
         self._bump_seq(event.seq)
         self._place(job, self._queues[job.exec])
+        if job.expires_at is not None:
+            # Its entry may have been popped while it ran: it may expire waiting to retry.
+            self._job_expiry.push(job, self._counts[_QUEUED_KEY])
 
     def _on_dead_lettered(self, event: DeadLettered) -> None:
         job = reducer.dead_lettered(self._jobs.get(event.job_id), event)
@@ -412,6 +421,20 @@ class DispatcherState:
         job = self._jobs.get(event.job_id)
         delayed = job is not None and job.status is _QUEUED and self._is_delayed(job)
         job = reducer.cancelled(job, event)
+        self._unqueue(job, delayed)
+        self._counts["cancelled"] += 1
+        self._finished.append(job)
+
+    def _on_expired(self, event: Expired) -> None:
+        job = self._jobs.get(event.job_id)
+        delayed = job is not None and job.status is _QUEUED and self._is_delayed(job)
+        job = reducer.expired(job, event)
+        self._unqueue(job, delayed)
+        self._counts["expired"] += 1
+        self._finished.append(job)
+
+    def _unqueue(self, job: JobRecord, delayed: bool) -> None:
+        """Bookkeeping for a queued job that ended without running (cancelled, expired)."""
         queue = self._queues[job.exec]
         if delayed:
             # Its delay-heap entry is void now (the job is no longer queued).
@@ -420,8 +443,6 @@ class DispatcherState:
         else:
             queue.forget(job)
         self._counts[_QUEUED_KEY] -= 1
-        self._counts["cancelled"] += 1
-        self._finished.append(job)
 
     def _on_redriven(self, event: Redriven) -> None:
         job = reducer.redriven(self._jobs.get(event.job_id), event)

@@ -91,6 +91,46 @@ class DelayHeap:
         return [entry[2] for entry in self.heap if entry[2].status is _QUEUED]
 
 
+class JobExpiryHeap:
+    """Queued jobs by `expires_at`. An entry is live while the job is still queued with that
+    expiry (an assignment, cancel or redrive voids it; a requeue pushes a new one)."""
+
+    __slots__ = ("_counter", "heap")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, JobRecord]] = []
+        self._counter = count()
+
+    def push(self, job: JobRecord, live_count: int) -> None:
+        assert job.expires_at is not None
+        heap = self.heap
+        heapq.heappush(heap, (job.expires_at, next(self._counter), job))
+        if len(heap) > 2 * live_count + _COMPACT_SLACK:
+            self.heap = [entry for entry in heap if _expirable(entry)]
+            heapq.heapify(self.heap)
+
+    def pop_due(self, now: float) -> list[JobRecord]:
+        """Queued jobs whose `expires_at` is at or before `now`, earliest first (each once)."""
+        heap = self.heap
+        due: list[JobRecord] = []
+        seen: set[str] = set()
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            job = entry[2]
+            if _expirable(entry) and job.id not in seen:
+                seen.add(job.id)
+                due.append(job)
+        return due
+
+    def next_at(self) -> float | None:
+        return self.heap[0][0] if self.heap else None
+
+
+def _expirable(entry: tuple[float, int, JobRecord]) -> bool:
+    job = entry[2]
+    return job.status is _QUEUED and job.expires_at == entry[0]
+
+
 class ExpiryHeap:
     """Workers by the time they would be lost if they stay silent. One entry per worker
     object: when popped, an entry is re-pushed at the worker's real expiry if it was seen

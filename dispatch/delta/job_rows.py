@@ -15,12 +15,13 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from dispatch.core.job import DeadReason, JobRecord, JobStatus
+from dispatch.core.retry import RetryPolicy
 
 OPEN = "open"
 """`jobs.part` of queued, running and dead jobs: the only rows later events can change."""
 CLOSED = "closed"
-"""`jobs.part` of succeeded and cancelled jobs: final until the leader prunes them."""
-CLOSED_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.CANCELLED})
+"""`jobs.part` of succeeded, cancelled and expired jobs: final until the leader prunes them."""
+CLOSED_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.EXPIRED})
 
 JobKey = tuple[str, str]
 """(dispatch group, job id)."""
@@ -56,6 +57,9 @@ def job_row(group: str, state: JobState) -> dict[str, Any]:
     row = state.record.to_dict()
     row["payload"] = _json(row["payload"])
     row["result"] = _json(row["result"])
+    # Left out of `to_dict` when unset; the columns are always there.
+    row["retry"] = _json(row.get("retry"))
+    row.setdefault("expires_at", None)
     row["dispatch_group"] = group
     row["queued_at"] = state.queued_at
     row["started_at"] = state.started_at
@@ -65,9 +69,11 @@ def job_row(group: str, state: JobState) -> dict[str, Any]:
 
 def job_state(row: Mapping[str, Any]) -> tuple[JobKey, JobState]:
     """Read a `jobs` row back: the record goes through `JobRecord.from_dict` (validated)."""
-    data = {name: row[name] for name in JOB_RECORD_COLUMNS}
+    # `get`: a row of a table from before the later columns has none of them.
+    data = {name: row.get(name) for name in JOB_RECORD_COLUMNS}
     data["payload"] = _unjson(data["payload"])
     data["result"] = _unjson(data["result"])
+    data["retry"] = _unjson(data["retry"])
     record = JobRecord.from_dict(data)
     key = (str(row["dispatch_group"]), record.id)
     return key, JobState(record, row.get("queued_at"), row.get("started_at"))
@@ -92,15 +98,30 @@ def records_from_arrow(table: Any) -> list[JobRecord]:
     Each column becomes Python values in one pass (in Arrow where it can), and the records
     are built by `map`, with no Python code per row but JobRecord's own `__init__`."""
     columns: list[list[Any]] = []
+    present = set(table.column_names)
     for name in JOB_RECORD_COLUMNS:  # JobRecord's fields in constructor order
+        if name not in present:
+            # A column added after the table was written (`retry`, `expires_at`): unset.
+            columns.append([None] * table.num_rows)
+            continue
         column = table.column(name)
-        if name in _SHARED:
+        if name == "retry":
+            # Nearly always all NULL (jobs with their exec's policy): no parsing then.
+            if column.null_count == len(column):
+                columns.append([None] * len(column))
+            else:
+                columns.append([_retry(value) for value in _json_values(column, name)])
+        elif name in _SHARED:
             columns.append(_shared_values(column, _SHARED[name]))
         elif name in _JSON:
             columns.append(_json_values(column, name))
         else:
             columns.append(column.to_pylist())
     return list(map(JobRecord, *columns))
+
+
+def _retry(value: Any) -> RetryPolicy | None:
+    return None if value is None else RetryPolicy.from_dict(value, "jobs.retry")
 
 
 def _shared_values(column: Any, names: Mapping[str | None, Any] | None) -> list[Any]:

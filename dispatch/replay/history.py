@@ -42,13 +42,21 @@ class _JobTrail:
     """The running attempt's job heartbeats, in seconds after its start."""
     cancelled_at: float | None = None
 
-    def end_attempt(self, at: float, outcome: Outcome, order: int) -> float | None:
+    def end_attempt(
+        self, at: float, outcome: Outcome, order: int, retry_after_s: float | None = None
+    ) -> float | None:
         """Ends the running attempt; returns when it had started (None: none ran)."""
         started_at = self.started_at
         if started_at is not None:
             beats = tuple(self.heartbeats)
             self.attempts.append(
-                Attempt(max(0.0, at - started_at), outcome, order, heartbeats=beats)
+                Attempt(
+                    max(0.0, at - started_at),
+                    outcome,
+                    order,
+                    heartbeats=beats,
+                    retry_after_s=retry_after_s,
+                )
             )
             self.started_at = None
             self.heartbeats.clear()
@@ -143,10 +151,11 @@ class _Recorder:
         worker_id: str,
         *,
         timed_out: bool = False,
+        retry_after_s: float | None = None,
     ) -> None:
         if job is None:
             return
-        started_at = job.end_attempt(at, outcome, self.position)
+        started_at = job.end_attempt(at, outcome, self.position, retry_after_s)
         if started_at is None:
             return
         attempt = (job.enqueued.job_id, len(job.attempts) - 1)
@@ -178,7 +187,10 @@ class _Recorder:
             self.release(event.worker_id)
             outcome = _REQUEUE_OUTCOMES.get(event.reason, Outcome.STALLED)
             timed_out = event.reason is RequeueReason.TIMEOUT
-            self.end(job, event.at, outcome, event.worker_id, timed_out=timed_out)
+            self.end(
+                job, event.at, outcome, event.worker_id,
+                timed_out=timed_out, retry_after_s=event.retry_after_s,
+            )  # fmt: skip
         elif isinstance(event, DeadLettered):
             self.release(event.worker_id)
             timed_out = event.reason is DeadReason.ACK_TIMEOUT
@@ -272,6 +284,8 @@ def _recorded_job(trail: _JobTrail, holds: SlotReturns) -> RecordedJob:
         not_before=enqueued.not_before,
         attempts=_held_slots(enqueued.job_id, trail.attempts, holds),
         cancelled_at=trail.cancelled_at,
+        retry=enqueued.retry,
+        expires_at=enqueued.expires_at,
     )
 
 

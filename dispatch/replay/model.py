@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from dispatch.core.events import Event
+from dispatch.core.retry import RetryPolicy
 
 
 class Outcome(StrEnum):
@@ -46,6 +47,9 @@ class Attempt:
     heartbeats: tuple[float, ...] = ()
     """When its worker sent job heartbeats (seconds after its start): a long job's way of
     moving its deadline, replayed at the same offsets."""
+    retry_after_s: float | None = None
+    """A failed attempt's own retry delay, when its worker asked for one (None: the policy's,
+    so a what-if of other retry settings changes it)."""
 
     @property
     def held_s(self) -> float:
@@ -73,6 +77,9 @@ class RecordedJob:
     """The attempts that ended within the read, in order (an attempt still running when the
     recording ends is left out: its outcome is unknown)."""
     cancelled_at: float | None = None
+    retry: RetryPolicy | None = None
+    """The job's own retry policy, as submitted (None: the replay policy's default)."""
+    expires_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

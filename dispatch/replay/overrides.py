@@ -10,6 +10,7 @@ leader's settings use, so a wrong key or value fails with the key named.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,16 +44,7 @@ class ReplayPolicy:
 
     def core_config(self) -> CoreConfig:
         # The simulated workers never go silent: expiry would only lose idle workers.
-        config = self.dispatcher.core_config()
-        return CoreConfig(
-            default_cap=config.default_cap,
-            caps=config.caps,
-            ack_timeout_s=config.ack_timeout_s,
-            backoff_multiplier=config.backoff_multiplier,
-            max_ack_timeout_s=config.max_ack_timeout_s,
-            max_attempts=config.max_attempts,
-            worker_expiry_s=None,
-        )
+        return dataclasses.replace(self.dispatcher.core_config(), worker_expiry_s=None)
 
     def priority_of(self, exec_name: str, client_id: str, recorded: int) -> int:
         if client_id in self.client_priority:

@@ -55,6 +55,7 @@ class _Running:
     lease: str
     worker_id: str
     outcome: Outcome
+    retry_after_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +97,8 @@ def submit_request(
         timeout_s=timeout_s,
         priority=policy.priority_of(job.exec, job.client_id, job.priority),
         not_before=job.not_before,
+        retry=None if job.retry is None else job.retry.to_dict(),
+        expires_at=job.expires_at,
     )
 
 
@@ -218,6 +221,7 @@ class Simulation:
                         at,
                         error="as recorded",
                         retryable=retryable,
+                        retry_after_s=running.retry_after_s,
                     )
                 )
         except Rejected:
@@ -239,8 +243,9 @@ class Simulation:
             if isinstance(event, Assigned | Reassigned):
                 attempt = plans.attempt(event.job_id, event.attempt)
                 running = _Running(
-                    event.job_id, event.attempt, event.lease, event.worker_id, attempt.outcome
-                )
+                    event.job_id, event.attempt, event.lease, event.worker_id, attempt.outcome,
+                    attempt.retry_after_s,
+                )  # fmt: skip
                 for offset in attempt.heartbeats:
                     self._schedule(event.at + offset, _Kind.WORKER, _Heartbeat(running))
                 if attempt.outcome is not Outcome.STALLED:

@@ -116,6 +116,36 @@ def test_api_key_files_live_under_the_var_folder_unless_absolute() -> None:
     assert pinned.auth.keys_file == Path("/etc/dispatch/keys.json")
 
 
+def test_retry_delays_come_from_the_section_and_its_exec_patterns() -> None:
+    config = load_settings(
+        dispatcher={
+            "retry_delay_s": 2.0,
+            "retry_jitter": 0.0,
+            "retry_by_exec": {"mail.>": {"delay_s": 30.0}, "mail.send": {"delay_s": 1.0}},
+        }
+    ).dispatcher.core_config()
+    assert config.retry_for("image.resize").delay("j", 2) == 4.0
+    mail = config.retry_for("mail.send")  # the first pattern in file order wins
+    assert (mail.delay_s, mail.multiplier, mail.jitter) == (30.0, 2.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("dispatcher", "named"),
+    [
+        ({"retry_delay_s": -1.0}, "retry_delay_s"),
+        ({"retry_multiplier": 0.5}, "retry_multiplier"),
+        ({"retry_by_exec": {"mail.>": {"delay_s": -1.0}}}, "retry_by_exec"),
+        ({"retry_by_exec": {"mail.>.x": {"delay_s": 1.0}}}, "retry_by_exec"),
+        ({"retry_by_exec": {"mail": {"delay": 1.0}}}, "retry_by_exec"),
+    ],
+)
+def test_a_bad_retry_setting_is_refused_naming_it(
+    dispatcher: dict[str, object], named: str
+) -> None:
+    with pytest.raises(ConfigError, match=named):
+        load_settings(dispatcher=dispatcher)
+
+
 def test_the_dispatcher_section_becomes_the_core_policy() -> None:
     config = load_settings(
         dispatcher={"default_cap": 7, "caps": {"acme": 2}, "ack_timeout_s": 3.0}

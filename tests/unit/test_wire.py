@@ -206,7 +206,10 @@ def _expected_view(record: JobRecord) -> dict[str, Any]:
         "client_id": record.client_id,
         "exec": record.exec,
         "payload": record.payload,
-        "status": record.status.value,
+        # A queued job that has run before waits for its next attempt: the API says so.
+        "status": "retrying"
+        if record.status is JobStatus.QUEUED and record.attempts > 0
+        else record.status.value,
         "attempts": record.attempts,
         "max_attempts": record.max_attempts,
         "timeout_s": record.timeout_s,
@@ -219,6 +222,10 @@ def _expected_view(record: JobRecord) -> dict[str, Any]:
         "result": record.result,
         "error": record.error,
         "dead_reason": None if record.dead_reason is None else record.dead_reason.value,
+        "next_attempt_at": record.not_before
+        if record.status is JobStatus.QUEUED and record.attempts > 0
+        else None,
+        "expires_at": record.expires_at,
     }
 
 
@@ -388,6 +395,7 @@ def test_the_sdk_re_exports_the_cores_terminal_statuses() -> None:
         "succeeded",
         "dead",
         "cancelled",
+        "expired",
     }
     assert all(type(status) is str for status in TERMINAL_STATUSES)
 
@@ -453,6 +461,7 @@ def _records(draw: st.DrawFn, status: JobStatus | None = None) -> JobRecord:
         result=draw(_JSON),
         error=draw(st.none() | st.text(max_size=20)),
         dead_reason=draw(st.sampled_from(DeadReason)) if status is JobStatus.DEAD else None,
+        expires_at=draw(st.none() | _TIMES),
     )
     check_record(record)
     return record

@@ -318,7 +318,9 @@ def test_a_new_socket_of_the_same_worker_requeues_what_it_does_not_hold(
             # The first socket is replaced (closed without losing the worker).
             assert _receive(first, "error")["error"] == "replaced"
             lost = admin.get("/v1/jobs/lost").json()
-            assert (lost["status"], lost["attempts"]) == ("queued", 1)
+            # Queued again after its attempt (shown as retrying), at once: no retry delay.
+            assert (lost["status"], lost["attempts"]) == ("retrying", 1)
+            assert lost["next_attempt_at"] is None
             [worker] = [
                 w for w in admin.get("/v1/workers").json()["workers"] if w["worker_id"] == "again"
             ]

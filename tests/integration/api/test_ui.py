@@ -208,6 +208,34 @@ def test_the_dashboard_follows_a_job_from_submission_to_done_and_shows_the_leade
     dashboard.check_clean()
 
 
+def test_the_look_up_shows_a_retrying_job_s_next_attempt_and_an_expired_job(
+    dashboard: Dashboard, api_node: RunningNode
+) -> None:
+    page = dashboard.page
+    dashboard.open()
+    with api_node.client("admin") as admin, api_node.client("worker") as worker:
+        body: dict[str, object] = {
+            "id": "ui-retry", "exec": "ui.work", "retry": {"delay_s": 600, "jitter": 0},
+        }  # fmt: skip
+        assert admin.post("/v1/jobs", json=body).status_code == 202
+        _fail(worker, _take(worker, "ui-worker", "ui-retry"), "database down", retryable=True)
+        page.fill("#lookup-id", "ui-retry")
+        page.click("#lookup-go")
+        status = page.locator("#lookup-result dd[data-field='status']")
+        expect(status).to_have_text("retrying")
+        expect(page.locator("#lookup-result dd[data-field='next attempt']")).to_have_text(
+            "in 10 min"
+        )
+
+        body = {"id": "ui-expired", "exec": "ui.nobody", "ttl_s": 0.5}
+        assert admin.post("/v1/jobs", json=body).status_code == 202
+        page.fill("#lookup-id", "ui-expired")
+        page.click("#lookup-go")
+        expect(status).to_have_text("expired")
+        expect(page.locator("#total-expired")).to_have_text("1")
+    dashboard.check_clean()
+
+
 def test_a_queue_no_worker_serves_is_marked_until_one_joins(
     dashboard: Dashboard, api_node: RunningNode
 ) -> None:

@@ -161,7 +161,7 @@ def test_a_command_runs_as_a_real_process(api_node: RunningNode) -> None:
 
 @pytest.mark.parametrize(
     ("transport", "grace_s", "seconds", "expected"),
-    [("ws", 20, 1.5, ("succeeded", 1)), ("rest", 0.2, 60, ("queued", 1))],
+    [("ws", 20, 1.5, ("succeeded", 1)), ("rest", 0.2, 60, ("retrying", 1))],
     ids=["ws-finishes", "rest-releases"],
 )
 def test_sigterm_lets_a_worker_process_finish_or_release_its_jobs(

@@ -178,8 +178,8 @@ def test_a_stop_releases_jobs_that_outlast_the_grace_period(
             started = time.monotonic()
         assert time.monotonic() - started < 5
         job = admin.get("released")
-        # Requeued at once as a retryable failure, not left to its deadline.
-        assert (job.status, job.attempts) == ("queued", 1)
+        # Requeued at once (no retry delay) as a retryable failure, not left to its deadline.
+        assert (job.status, job.attempts, job.next_attempt_at) == ("retrying", 1, None)
         assert job.error is not None and "stopped before the job finished" in job.error
 
 
@@ -250,3 +250,36 @@ def test_a_socket_worker_takes_a_job_whose_payload_is_at_the_size_limit(
         admin.submit("sdk.size", payload, id="big-payload")
         job = admin.wait("big-payload", timeout_s=30)
         assert (job.status, job.result, job.attempts) == ("succeeded", len(payload), 1)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_handler_s_retry_delay_holds_the_next_attempt_back(
+    api_node: RunningNode, transport: str
+) -> None:
+    """`Retry(delay_s=...)` travels as the failure's `retry_after_s` (WebSocket and REST): the
+    client sees the job `retrying` with its next attempt, which starts no sooner."""
+    app = WorkerApp("sdk", concurrency=1)
+    started: list[float] = []
+
+    @app.handler("sdk.later")
+    def later(job: Assignment) -> str:
+        started.append(time.time())
+        if job.attempt == 1:
+            raise Retry("the database is down", delay_s=1.5)
+        return "done"
+
+    with _admin(api_node) as admin, running_worker(app, api_node, transport=transport):
+        admin.submit("sdk.later", id="later")
+        seen: list[Any] = []
+
+        def retrying() -> bool:
+            seen.append(admin.get("later"))
+            return bool(seen[-1].status == "retrying")
+
+        wait_until(retrying)
+        waiting = seen[-1]
+        assert waiting.next_attempt_at is not None and waiting.error == "the database is down"
+        job = admin.wait("later", timeout_s=30)
+        assert (job.status, job.attempts) == ("succeeded", 2)
+        assert started[1] - started[0] >= 1.4, started
+        assert started[1] >= waiting.next_attempt_at - 0.05

@@ -8,6 +8,7 @@ writer as records (`write_batch`, what `foreachBatch` calls after collecting the
 from __future__ import annotations
 
 import datetime as dt
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -149,6 +150,27 @@ def open_files(settings: Settings) -> int:
     )
 
 
+def files_admitted(settings: Settings) -> int:
+    """How many files of the open partition the newest MERGE's `seq` ranges admit, from the
+    files' statistics before it (what the narrowing leaves delta-rs to scan)."""
+    table = Warehouse.of(settings).open(t.JOBS)
+    merge = next(c for c in table.history(3) if c.get("operation") == "MERGE")
+    condition = merge["operationParameters"]["mergePredicate"]
+    ranges = [
+        (int(low or single), int(high or single))
+        for low, high, single in re.findall(
+            r"t\.seq (?:>= (\d+) AND t\.seq <= (\d+)|= (\d+))", condition
+        )
+    ]
+    assert ranges, condition
+    table.load_as_version(merge["readVersion"])
+    files = pa.table(table.get_add_actions(flatten=True))
+    opened = files.filter(pc.field("partition.part") == OPEN).to_pylist()
+    return sum(
+        any(f["min.seq"] <= high and low <= f["max.seq"] for low, high in ranges) for f in opened
+    )
+
+
 def jobs_rows(settings: Settings) -> pa.Table:
     """`jobs` in key order, in the table's Arrow types (compared whole, column by column)."""
     read = Warehouse.of(settings).open(t.JOBS).to_pyarrow_table()
@@ -194,11 +216,14 @@ def test_a_batch_over_a_backlog_touches_its_files_and_the_cache_agrees_with_a_re
     assert cached.open_jobs_loads == 1
 
     # What the batch's MERGE read and rewrote: the files of the jobs it assigned and completed
-    # (the head of the queue), not the backlog's. Read each batch, it scans them all.
-    mine, theirs = last_merge(cached_settings), last_merge(read_settings)
+    # (the head of the queue), not the backlog's. Its condition admits only the files whose
+    # `seq` statistics may hold a touched row. (The reference writer's own count is not
+    # compared: delta-rs reports 0 files scanned, all skipped, for an un-narrowed MERGE over
+    # a partition past some size although it rewrites files.)
+    mine = last_merge(cached_settings)
     assert mine["num_target_files_scanned"] <= 4 < open_files(cached_settings) - 4
-    assert theirs["num_target_files_scanned"] >= open_files(read_settings) - 2
     assert mine["num_target_rows_copied"] < BACKLOG / 4
+    assert files_admitted(cached_settings) <= 4 < open_files(cached_settings) - 4
 
     # A restart: the new writer reads the open partition once more, then follows its commits.
     cached = writer(cached_settings, BatchWriter, "cached")

@@ -9,6 +9,7 @@ against the rules of docs/spec.md before folding it, and predicts every outcome 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from dispatch.core import (
     DeadLettered,
     Enqueued,
     Event,
+    Expired,
     JobHeartbeat,
     LeaderElected,
     Pruned,
@@ -32,6 +34,7 @@ from dispatch.core import (
     WorkerJoined,
     WorkerLost,
 )
+from dispatch.core.retry import RetryPolicy
 
 
 def pattern_matches(pattern: str, subject: str) -> bool:
@@ -54,6 +57,19 @@ def backoff(first: float, attempt: int, config: CoreConfig) -> float:
     )
 
 
+def retry_delay(policy: RetryPolicy, job_id: str, failed_attempt: int) -> float:
+    """The spec's delay before the attempt after `failed_attempt`: delay_s * multiplier^(n-1),
+    at most max_delay_s, less a jitter share drawn from (job id, attempt)."""
+    if policy.delay_s == 0:
+        return 0.0
+    base = min(policy.delay_s * policy.multiplier ** (failed_attempt - 1), policy.max_delay_s)
+    digest = hashlib.blake2b(f"{job_id}\x00{failed_attempt}".encode(), digest_size=8).digest()
+    draw = int.from_bytes(digest, "big") / 2.0**64
+    delay = base * (1 - policy.jitter * draw)
+    assert base * (1 - policy.jitter) <= delay <= base
+    return delay
+
+
 @dataclass
 class MJob:
     id: str
@@ -73,6 +89,8 @@ class MJob:
     result: Any = None
     error: str | None = None
     dead_reason: str | None = None
+    retry: RetryPolicy | None = None
+    expires_at: float | None = None
 
 
 @dataclass
@@ -95,6 +113,8 @@ class Model:
         self.next_seq = 1
         self.front_seq = -1
         self.leases: set[str] = set()
+        self.retry_after: float | None = None
+        """The delay the worker asked for in the `fail` being absorbed (None: the policy)."""
 
     # --- questions the rules answer -------------------------------------------------------
 
@@ -106,6 +126,25 @@ class Model:
 
     def is_ready(self, job: MJob) -> bool:
         return job.status == "queued" and (job.not_before is None or job.not_before <= self.clock)
+
+    def is_expired(self, job: MJob) -> bool:
+        return job.expires_at is not None and job.expires_at <= self.clock
+
+    def policy(self, job: MJob) -> RetryPolicy:
+        return job.retry if job.retry is not None else self.policy_for_exec(job.exec)
+
+    def policy_for_exec(self, exec_name: str) -> RetryPolicy:
+        for pattern, policy in self.config.retry_by_exec:
+            if pattern_matches(pattern, exec_name):
+                return policy
+        return self.config.retry
+
+    def retry_at(self, job: MJob, retry_after: float | None) -> float | None:
+        if retry_after is None:
+            delay = retry_delay(self.policy(job), job.id, job.attempts)
+        else:
+            delay = retry_after
+        return self.clock + delay if delay > 0 else None
 
     def matches(self, worker: MWorker, exec_name: str) -> bool:
         return any(pattern_matches(p, f"job.assign.{exec_name}") for p in worker.subjects)
@@ -121,7 +160,11 @@ class Model:
         return min(candidates, key=lambda w: (len(w.running), -w.credit, w.id))
 
     def servable(self, job: MJob) -> bool:
-        return self.is_ready(job) and self.inflight(job.client) < self.cap(job.client)
+        return (
+            self.is_ready(job)
+            and not self.is_expired(job)
+            and self.inflight(job.client) < self.cap(job.client)
+        )
 
     def silent(self, worker: MWorker) -> bool:
         expiry = self.config.worker_expiry_s
@@ -145,6 +188,8 @@ class Model:
                 assert job.deadline is not None and job.deadline > self.clock, job
         for worker in self.workers.values():
             assert not self.silent(worker), f"silent worker {worker.id} was kept"
+        for job in self.jobs.values():
+            assert not (job.status == "queued" and self.is_expired(job)), f"{job.id} not expired"
 
     # --- folding the core's events, each checked against the rules ------------------------
 
@@ -179,11 +224,14 @@ class Model:
             timeout_s=event.timeout_s,
             seq=event.seq,
             updated_at=event.at,
+            retry=event.retry,
+            expires_at=event.expires_at,
         )
 
     def _absorb_assigned(self, event: Assigned, context: str, subject: str | None) -> None:
         job = self.jobs[event.job_id]
         assert self.is_ready(job), f"{job.id} assigned while not ready: {job}"
+        assert not self.is_expired(job), f"{job.id} started at or after its expiry: {job}"
         assert event.attempt == job.attempts + 1 <= job.max_attempts
         worker = self.workers[event.worker_id]
         assert worker.credit > 0, "assigned to a worker without credit"
@@ -213,6 +261,8 @@ class Model:
         job = self.jobs[event.job_id]
         assert job.status == "running" and job.deadline is not None
         assert job.deadline <= self.clock, "reassigned before its deadline"
+        assert self.retry_at(job, None) is None, "reassigned at once despite a retry delay"
+        assert not self.is_expired(job), "an expired job starts no new attempt"
         assert event.previous_worker_id == job.worker
         assert event.attempt == job.attempts + 1 <= job.max_attempts
         previous = self.workers[event.previous_worker_id]
@@ -259,8 +309,17 @@ class Model:
         else:
             assert reason == "timeout" and context == "tick"
             assert job.deadline is not None and job.deadline <= self.clock
-            assert self.best_worker(job.exec, exclude=worker.id) is None
-            assert worker.credit <= 0 or not self.matches(worker, job.exec)
+            if self.retry_at(job, None) is None and not self.is_expired(job):
+                # No delay: requeued only when nobody could take it at once.
+                assert self.best_worker(job.exec, exclude=worker.id) is None
+                assert worker.credit <= 0 or not self.matches(worker, job.exec)
+        if reason == "worker_lost":
+            assert event.not_before is None, "a lost worker's job is requeued at once"
+            assert event.retry_after_s is None
+        else:
+            retry_after = self.retry_after if reason == "failed" else None
+            assert event.not_before == self.retry_at(job, retry_after), (event, job)
+            assert event.retry_after_s == retry_after, "the worker's own delay is recorded"
         assert event.seq == self.front_seq
         self.front_seq -= 1
         self._stop(job, event.worker_id, alive=reason == "failed")
@@ -268,6 +327,7 @@ class Model:
         job.worker = None
         job.error = event.error
         job.seq = event.seq
+        job.not_before = event.not_before
 
     def _absorb_dead_lettered(self, event: DeadLettered, context: str, subject: str | None) -> None:
         job = self.jobs[event.job_id]
@@ -316,6 +376,15 @@ class Model:
         job.status = "cancelled"
         job.updated_at = event.at
 
+    def _absorb_expired(self, event: Expired, context: str, subject: str | None) -> None:
+        # Any command that runs an assignment pass expires what is due first.
+        job = self.jobs[event.job_id]
+        assert job.status == "queued", job
+        assert self.is_expired(job), f"{job.id} expired early: {job}"
+        job.status = "expired"
+        job.error = event.reason
+        job.updated_at = event.at
+
     def _absorb_redriven(self, event: Redriven, context: str, subject: str | None) -> None:
         assert context == "redrive" and subject == event.job_id
         job = self.jobs[event.job_id]
@@ -330,6 +399,8 @@ class Model:
         job.lease = None
         job.seq = event.seq
         job.updated_at = event.at
+        job.expires_at = None
+        job.not_before = None
 
     def _absorb_worker_joined(self, event: WorkerJoined, context: str, subject: str | None) -> None:
         assert context == "join" and subject == event.worker_id
@@ -377,5 +448,8 @@ class Model:
     def _absorb_pruned(self, event: Pruned, context: str, subject: str | None) -> None:
         assert context == "prune"
         for job_id, job in list(self.jobs.items()):
-            if job.status in ("succeeded", "cancelled") and job.updated_at <= event.before:
+            if (
+                job.status in ("succeeded", "cancelled", "expired")
+                and job.updated_at <= event.before
+            ):
                 del self.jobs[job_id]

@@ -11,6 +11,7 @@ from dispatch.core import (
     DeadReason,
     Enqueued,
     Event,
+    Expired,
     JobHeartbeat,
     LeaderElected,
     Pruned,
@@ -18,6 +19,7 @@ from dispatch.core import (
     Redriven,
     Requeued,
     RequeueReason,
+    RetryPolicy,
     WorkerHeartbeat,
     WorkerJoined,
     WorkerLost,
@@ -42,6 +44,8 @@ SAMPLES: list[Event] = [
         priority=2,
         not_before=40.0,
         seq=7,
+        retry=RetryPolicy(delay_s=5.0, multiplier=3.0, max_delay_s=60.0, jitter=0.1),
+        expires_at=3600.0,
     ),
     Assigned(epoch=3, at=10.0, job_id="j1", worker_id="w1", attempt=1, lease="3.1", deadline=40.0),
     Reassigned(
@@ -69,6 +73,8 @@ SAMPLES: list[Event] = [
         attempt=1,
         error="flaky",
         seq=-4,
+        not_before=65.0,
+        retry_after_s=5.0,
     ),
     DeadLettered(
         epoch=3,
@@ -80,5 +86,6 @@ SAMPLES: list[Event] = [
         error="bad input",
     ),
     Cancelled(epoch=3, at=60.0, job_id="j4"),
+    Expired(epoch=3, at=60.0, job_id="j5", reason="expired at 60.000 before attempt 1 started"),
     Redriven(epoch=3, at=60.0, job_id="j3", seq=8),
 ]

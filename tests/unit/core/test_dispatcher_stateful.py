@@ -49,6 +49,7 @@ from dispatch.core import (
     RejectCode,
     Rejected,
     Requeued,
+    RetryPolicy,
     SubmitRequest,
     WorkerHeartbeat,
     WorkerJoined,
@@ -72,7 +73,13 @@ CONFIG = CoreConfig(
     max_ack_timeout_s=25.0,
     max_attempts=3,
     worker_expiry_s=30.0,
+    # Failed and timed-out attempts wait (jittered, growing) before the next one, except
+    # mail's, which retry at once (and so are reassigned at once when they time out).
+    retry=RetryPolicy(delay_s=2.0, multiplier=2.0, max_delay_s=7.0, jitter=0.5),
+    retry_by_exec=(("mail.*", RetryPolicy()),),
 )
+# A job's own retry policy (some fields; the rest from its exec's).
+RETRY_CHOICES = [None, None, {"delay_s": 1.0}, {"delay_s": 3.0, "jitter": 1.0}, {"delay_s": 0.0}]
 JOB_IDS = [f"job-{n}" for n in range(10)]
 CLIENTS = ["c1", "c2", "c3"]
 EXECS = ["img.resize", "img.crop", "mail.send"]
@@ -208,6 +215,8 @@ class DispatcherMachine(RuleBasedStateMachine):
         delay=st.sampled_from([0.0, 0.0, 0.0, 5.0]),
         max_attempts=st.sampled_from([None, 1, 2, 3]),
         timeout=st.sampled_from([None, None, 4.0]),
+        retry=st.sampled_from(RETRY_CHOICES),
+        ttl=st.sampled_from([None, None, 0.0, 2.0, 8.0]),
     )
     def submit(
         self,
@@ -218,7 +227,11 @@ class DispatcherMachine(RuleBasedStateMachine):
         delay: float,
         max_attempts: int | None,
         timeout: float | None,
+        retry: dict[str, float] | None,
+        ttl: float | None,
     ) -> None:
+        # ttl 0: an absolute expiry already passed (a record read late); the others: ttl_s.
+        expires_at = self.now - 1.0 if ttl == 0.0 else None
         request = SubmitRequest(
             id=job_id,
             exec=exec_name,
@@ -228,6 +241,9 @@ class DispatcherMachine(RuleBasedStateMachine):
             timeout_s=timeout,
             priority=priority,
             delay_s=delay,
+            retry=retry,
+            ttl_s=ttl or None,
+            expires_at=expires_at,
         )
         known = job_id in self.model.jobs
         before = self.core.job(job_id)
@@ -242,6 +258,11 @@ class DispatcherMachine(RuleBasedStateMachine):
         assert first.max_attempts == (max_attempts or CONFIG.max_attempts)
         assert first.timeout_s == (timeout or CONFIG.ack_timeout_s)
         assert first.not_before == (self.now + delay if delay else None)
+        assert first.expires_at == (self.now + ttl if ttl else expires_at)
+        if retry is None:
+            assert first.retry is None
+        else:
+            assert first.retry == self.model.policy_for_exec(exec_name).merged(retry)
 
     @rule(
         job_ids=st.lists(st.sampled_from(JOB_IDS), min_size=1, max_size=4),
@@ -288,7 +309,7 @@ class DispatcherMachine(RuleBasedStateMachine):
     def prune(self, age: float) -> None:
         before = self.now - age
         due = any(
-            job.status in ("succeeded", "cancelled") and job.updated_at <= before
+            job.status in ("succeeded", "cancelled", "expired") and job.updated_at <= before
             for job in self.model.jobs.values()
         )
         events = self.run("prune", None, lambda: self.core.prune(before, self.now))
@@ -392,13 +413,17 @@ class DispatcherMachine(RuleBasedStateMachine):
         pick=SETTLE_TARGETS,
         choice=st.sampled_from(LEASE_CHOICES),
         retryable=st.booleans(),
+        retry_after=st.sampled_from([None, None, 0.0, 4.0]),
     )
-    def fail(self, pick: str | int, choice: str, retryable: bool) -> None:
+    def fail(
+        self, pick: str | int, choice: str, retryable: bool, retry_after: float | None
+    ) -> None:
         job_id = self.target_job(pick)
         attempt, lease, worker_id, owner = self.settle_args(job_id, choice)
         expected = self.expect_settlement(job_id, attempt, lease, worker_id, owner)
         job = self.model.jobs.get(job_id)
         last_attempt = job is not None and job.attempts >= job.max_attempts
+        self.model.retry_after = retry_after
         result = self.run(
             "fail",
             job_id,
@@ -411,8 +436,10 @@ class DispatcherMachine(RuleBasedStateMachine):
                 retryable=retryable,
                 worker_id=worker_id,
                 owner=owner,
+                retry_after_s=retry_after,
             ),
         )
+        self.model.retry_after = None
         if expected == "current":
             assert isinstance(result, list)
             first = result[0]
@@ -424,7 +451,10 @@ class DispatcherMachine(RuleBasedStateMachine):
                 assert first.reason.value == "retries_exhausted"
             else:
                 assert isinstance(first, Requeued) and first.reason.value == "failed"
-            assert self.model.jobs[job_id].error == f"boom {job_id}"
+                if retry_after:
+                    assert first.not_before == self.now + retry_after
+            error = self.model.jobs[job_id].error
+            assert error == f"boom {job_id}" or self.model.jobs[job_id].status == "expired"
         elif expected == "ended":
             assert job is not None
             if job.status == "dead" and job.dead_reason in (
@@ -505,6 +535,11 @@ class DispatcherMachine(RuleBasedStateMachine):
                 mine.deadline,
             )
             assert (job.result, job.error, job.seq) == (mine.result, mine.error, mine.seq)
+            assert (job.not_before, job.expires_at, job.retry) == (
+                mine.not_before,
+                mine.expires_at,
+                mine.retry,
+            )
             dead_reason = None if job.dead_reason is None else job.dead_reason.value
             assert dead_reason == mine.dead_reason
         workers = {record.worker_id: record for record in self.core.workers()}
@@ -544,7 +579,8 @@ class DispatcherMachine(RuleBasedStateMachine):
         assert sorted(mine["dead_letters"]) == sorted(theirs["dead_letters"])
 
     def teardown(self) -> None:
-        """With a live worker that acks, every job ends succeeded, dead or cancelled."""
+        """With a live worker that acks, every job ends succeeded, dead, cancelled or
+        expired."""
         self.join("drain", ("job.>",), "k-drain")
         for _ in range(100):
             if all(job.is_terminal for job in self.core.jobs()):

@@ -35,6 +35,7 @@ def test_job_events_carry_the_job_id() -> None:
         "requeued",
         "dead_lettered",
         "cancelled",
+        "expired",
         "redriven",
     }
 

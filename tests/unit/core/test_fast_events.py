@@ -26,6 +26,8 @@ def test_fast_factories_build_the_same_events_as_the_constructors() -> None:
             enqueued.priority,
             enqueued.not_before,
             enqueued.seq,
+            enqueued.retry,
+            enqueued.expires_at,
         )
         == enqueued
     )

@@ -64,7 +64,9 @@ def test_counts_and_membership() -> None:
     d = make()
     d.submit(request("j1"), T0)
     assert "j1" in d and "j2" not in d and len(d) == 1
-    assert d.counts() == {"queued": 1, "running": 0, "succeeded": 0, "dead": 0, "cancelled": 0}
+    assert d.counts() == {
+        "queued": 1, "running": 0, "succeeded": 0, "dead": 0, "cancelled": 0, "expired": 0,
+    }  # fmt: skip
     assert [job.id for job in d.jobs()] == ["j1"]
     assert d.inflight("nobody") == 0
 

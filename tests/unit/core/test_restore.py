@@ -318,6 +318,8 @@ def eventful_leader() -> Dispatcher:
     execs = ["zeta.run", "alpha.run"]
     d.submit_many([request(f"j{n:02}", execs[n % 2], client_id=f"c{n % 3}") for n in range(16)], T0)
     d.submit(request("later", "alpha.run", delay_s=500.0), T0)
+    d.submit(request("gone", "alpha.run", ttl_s=1.0), T0)  # expires as the workers come
+    d.submit(request("expiring", "zeta.run", delay_s=600.0, ttl_s=900.0), T0)
     worker(d, "w1", credits=5, now=T0 + 1)
     worker(d, "w2", credits=5, now=T0 + 1)
     running = [job for job in d.jobs() if job.status is JobStatus.RUNNING]
@@ -376,7 +378,7 @@ def test_restore_lists_jobs_by_seq_and_finished_jobs_by_time_then_seq() -> None:
     by_seq = sorted(rows, key=lambda job: job.seq)
     by_time = sorted(rows, key=lambda job: (job.updated_at, job.seq))
     assert [job.id for job in new.jobs()] == [job.id for job in by_seq]
-    closed = (JobStatus.SUCCEEDED, JobStatus.CANCELLED)
+    closed = (JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.EXPIRED)
     assert [job.id for job in new.latest_finished(100)] == [
         job.id for job in reversed(by_time) if job.status in closed
     ]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 from deltalake import CommitProperties, write_deltalake
 
 from dispatch.core.job import JobRecord, JobStatus
+from dispatch.core.retry import RetryPolicy
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import JobState, job_row
 from dispatch.delta.progress import BATCH, PRUNE, Progress
@@ -87,3 +89,32 @@ def test_each_snapshot_reads_records_of_its_own(tmp_path: Path) -> None:
     assert first is not None and second is not None and first.jobs == second.jobs
     assert not {id(job) for job in first.jobs} & {id(job) for job in second.jobs}
     assert not {id(job.payload) for job in first.jobs} & {id(job.payload) for job in second.jobs}
+
+
+def test_a_job_s_retry_policy_and_expiry_survive_the_snapshot(tmp_path: Path) -> None:
+    """A new leader rebuilds a job's own retry policy and its expiry from `jobs`."""
+    own = record("a")
+    own.retry = RetryPolicy(delay_s=5.0, multiplier=3.0, max_delay_s=90.0, jitter=0.25)
+    own.expires_at = 500.0
+    commit(tmp_path, [own, record("b")], "g", progress(0))
+    snapshot = latest_snapshot(Warehouse.at(tmp_path), "g")
+    assert snapshot is not None
+    assert sorted(snapshot.jobs, key=lambda job: job.id) == [own, record("b")]
+
+
+def test_a_table_from_before_the_new_columns_still_gives_a_snapshot(tmp_path: Path) -> None:
+    """A `jobs` table the fold has not yet given `retry` and `expires_at` (it adds them as it
+    starts) reads as jobs without them."""
+    rows = [job_row("g", JobState(record("a")))]
+    for row in rows:
+        del row["retry"], row["expires_at"]
+    old_schema = pa.schema([f for f in t.SCHEMAS[t.JOBS] if f.name not in ("retry", "expires_at")])
+    write_deltalake(
+        Warehouse.at(tmp_path).table(t.JOBS),
+        pa.Table.from_pylist(rows, schema=old_schema),
+        mode="append",
+        partition_by=t.PARTITIONS[t.JOBS],
+        commit_properties=CommitProperties(custom_metadata={"userMetadata": progress(0).to_json()}),
+    )
+    snapshot = latest_snapshot(Warehouse.at(tmp_path), "g")
+    assert snapshot is not None and snapshot.jobs == [record("a")]

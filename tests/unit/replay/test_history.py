@@ -42,6 +42,23 @@ def test_each_attempt_has_its_run_time_and_outcome() -> None:
     assert [(a.run_s, a.outcome) for a in attempts["doomed"]] == [(1.0, Outcome.FAILED_PERMANENT)]
 
 
+def test_a_worker_s_own_retry_delay_and_a_job_s_controls_are_recorded() -> None:
+    d = core()
+    log = d.join("w1", ["job.assign.>"], 100.0) + d.grant_credit("w1", 4, 100.0)
+    request = SubmitRequest(
+        id="later", exec="demo.echo", payload=None, retry={"delay_s": 3.0}, ttl_s=60.0
+    )
+    log += d.submit(request, 101.0)
+    first = assigned(log, "later")
+    log += d.fail("later", 1, first.lease, 101.5, retry_after_s=9.0)
+
+    (job,) = recorded_history(log).jobs
+
+    assert [(a.outcome, a.retry_after_s) for a in job.attempts] == [(Outcome.FAILED, 9.0)]
+    assert job.retry is not None and job.retry.delay_s == 3.0
+    assert job.expires_at == 161.0
+
+
 def test_a_timed_out_attempt_stalls_and_holds_its_slot_as_long_as_the_next_attempt_ran() -> None:
     d = core()
     log = d.join("w1", ["job.assign.>"], 100.0) + d.grant_credit("w1", 2, 100.0)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from dispatch.core.events import Event
+from dispatch.core.events import Assigned, Event, Expired, Requeued
 from dispatch.replay.fleet import FleetWorker, uniform_fleet
 from dispatch.replay.model import Attempt, Outcome, RecordedJob
 from dispatch.replay.overrides import apply_overrides
@@ -154,3 +155,52 @@ def test_a_timer_fires_at_the_recorded_leaders_next_iteration() -> None:
         next(e.at for e in run_ if e.type == "requeued") for run_ in (plain, snapped, far)
     ]
     assert first_timeout == [1060.0, 1060.013, 1060.0]
+
+
+def _failing_once(job_id: str, retry_after_s: float | None, **fields: Any) -> RecordedJob:
+    attempts = (
+        Attempt(1.0, Outcome.FAILED, retry_after_s=retry_after_s),
+        Attempt(1.0, Outcome.COMPLETED),
+    )
+    return RecordedJob(job_id, "acme", "image.resize", 1000.0, 0, 5, 60.0, None, attempts, **fields)
+
+
+def _retry_times(events: Sequence[Event]) -> dict[str, tuple[float, float | None]]:
+    """Each job's first requeue: (its time, the retry time it was given)."""
+    out: dict[str, tuple[float, float | None]] = {}
+    for event in events:
+        if isinstance(event, Requeued) and event.job_id not in out:
+            out[event.job_id] = (event.at, event.not_before)
+    return out
+
+
+def test_retry_delays_replay_as_recorded_and_follow_a_what_if() -> None:
+    """The policy's delays are those of the settings replayed under; a delay a worker asked
+    for is its answer, replayed as it was given."""
+    work = [_failing_once("policy", None), _failing_once("asked", 7.0)]
+    fleet = uniform_fleet(2, 1)
+    for sets, policy_delay in (
+        ((), 1.0),
+        (("dispatcher.retry_delay_s=30", "dispatcher.retry_jitter=0"), 30.0),
+    ):
+        events = run(work, fleet, *sets)
+        times = _retry_times(events)
+        at, not_before = times["asked"]
+        assert not_before == at + 7.0
+        at, not_before = times["policy"]
+        assert not_before is not None and policy_delay * 0.8 <= not_before - at <= policy_delay
+        # Each next attempt starts no sooner than its retry time.
+        second = {e.job_id: e.at for e in events if isinstance(e, Assigned) and e.attempt == 2}
+        assert set(second) == {"policy", "asked"}
+        for job_id, started in second.items():
+            retry_at = times[job_id][1]
+            assert retry_at is not None and started >= retry_at
+
+
+def test_a_job_that_cannot_start_before_its_expiry_expires_in_the_replay() -> None:
+    busy = jobs(3, run_s=50.0)
+    late = RecordedJob("late", "acme", "image.resize", 1001.0, 0, 5, 60.0, None,
+                       (Attempt(1.0, Outcome.COMPLETED),), expires_at=1010.0)  # fmt: skip
+    events = run([*busy, late], uniform_fleet(1, 1))
+    assert [e.job_id for e in events if isinstance(e, Expired)] == ["late"]
+    assert "late" not in {e.job_id for e in events if isinstance(e, Assigned)}

@@ -40,7 +40,19 @@ def test_a_result_is_acked_when_it_travels_as_json() -> None:
 
 
 def test_a_release_is_a_retryable_failure_naming_the_worker() -> None:
-    assert released("w1") == Outcome("fail", error="worker w1 stopped before the job finished")
+    # No retry delay: the job did not fail, its worker stopped; it may run elsewhere at once.
+    assert released("w1") == Outcome(
+        "fail", error="worker w1 stopped before the job finished", retry_after_s=0.0
+    )
+
+
+def test_retry_may_say_how_long_to_wait() -> None:
+    outcome = outcome_of_error(Retry("rate limited", delay_s=30))
+    assert (outcome.kind, outcome.retryable, outcome.retry_after_s) == ("fail", True, 30.0)
+    assert outcome.error == "rate limited"
+    assert outcome_of_error(Retry("again")).retry_after_s is None, "the job's policy decides"
+    with pytest.raises(ValueError, match="delay_s"):
+        Retry("x", delay_s=-1)
 
 
 def test_an_assignment_is_read_from_the_wire() -> None:

@@ -258,6 +258,7 @@ def mixed_workload(*, prune: bool = False) -> Workload:
 def random_workload(seed: int, steps: int = 300) -> Workload:
     """Random commands against one leader (with failovers and prunes) for property tests."""
     rng = random.Random(seed)
+    controls = random.Random(seed + 1_000)  # job controls: a retry policy of its own, an expiry
     clock = [1_800_000_000.0]
     core = Dispatcher(CONFIG)
     workload = Workload(leader=core)
@@ -277,6 +278,9 @@ def random_workload(seed: int, steps: int = 300) -> Workload:
                     rng.choice(["a.x", "a.y", "b.z"]),
                     rng.choice(["c1", "c2"]),
                     max_attempts=rng.choice([None, 1, 2, 3]),
+                    # Drawn apart, so the rest of the workload stays what it was.
+                    retry=controls.choice([None, None, {"delay_s": 2.0, "jitter": 0.5}]),
+                    ttl_s=controls.choice([None, None, None, 5.0, 40.0]),
                 )
                 next_id += 1
             elif choice < 0.40:

@@ -66,10 +66,15 @@ _ATTEMPTS = 8
 """Loads per call: a commit lost to an unrelated writer (another group, a vacuum) is retried."""
 _BACKOFF_S = 0.01
 """Up to this long (random) before a retry, so two writers do not stay in step."""
-_LISTING_RACED = ("Invalid table version", "Kernel error: Generic delta kernel error:")
+_LISTING_RACED = (
+    "Invalid table version",
+    "Kernel error: Generic delta kernel error:",
+    "Kernel error: No table metadata or protocol found in delta log",
+)
 """delta-rs' errors (1.6.6) for a `_delta_log` listing that lacks versions ("Expected contiguous
 commit files", "Requested snapshot version ... is not available", "LogSegment end version 7 not
-the same as the specified end version 8"): a listing that raced a writer on a store whose LIST
+the same as the specified end version 8"; a listing that lost the checkpoint and the commits
+before it finds no metadata at all): a listing that raced a writer on a store whose LIST
 is not consistent with its PUTs (S3Proxy's filesystem backend drops the rest of a directory
 when a temporary file vanishes under the listing). Retried as a lost race, at most _ATTEMPTS
 times: a re-evaluation on a fresh listing is always safe (a commit of ours that did land is
@@ -316,8 +321,20 @@ class LeaseTable:
                     log.warning("lease table %s: reloading", self.location, exc_info=True)
                 table = None
         if table is None:
-            table = self._table = DeltaTable(self.location, storage_options=self._options)
+            table = self._table = self._load()
         return table
+
+    def _load(self) -> DeltaTable:
+        """The table loaded afresh; a load whose listing raced a writer is tried again."""
+        for attempt in range(_ATTEMPTS):
+            _back_off(attempt)
+            try:
+                return DeltaTable(self.location, storage_options=self._options)
+            except DeltaError as error:
+                if not _listing_raced(error) or attempt == _ATTEMPTS - 1:
+                    raise
+                log.info("lease table %s: log listing raced a writer; loading again", self.location)
+        raise AssertionError("unreachable")
 
     def _row(self, table: DeltaTable, group: str) -> Lease | None:
         # Through DataFusion (`delta_sql.query`): `to_pyarrow_table` goes through delta-rs'

@@ -39,8 +39,11 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from dispatch.api.finished_ids import FinishedIds
 from dispatch.api.kafka_log import KAFKA_CALL_DEADLINE_S, SnapshotBehindLog
 from dispatch.api.leader_io import (
+    DeltaJobArchive,
+    JobArchive,
     KafkaLeaderIO,
     LeaderIO,
     LogReader,
@@ -51,7 +54,7 @@ from dispatch.api.metrics import Metrics
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import InvalidTransition, Rejected
-from dispatch.core.events import Event
+from dispatch.core.events import Cancelled, Completed, Event, Expired
 from dispatch.event_records import encode_batches
 from dispatch.settings import Settings
 from dispatch.submit_records import Rejection, SubmissionError, parse_submit_record
@@ -69,7 +72,13 @@ reconnection backoff (2 s) several times over, for a worker that also lost its n
 running job's deadline falls sooner after a term starts (`Dispatcher.resume`)."""
 
 PRUNE_EVERY_S = 60.0
-"""How often finished jobs older than the dedup window are forgotten (memory stays bounded)."""
+"""How often, at most, finished jobs past the finished window or beyond its size are forgotten
+(a fifth of `dispatcher.finished_window_s` when that is shorter). Not more often: each
+`pruned` event costs the fold a step of Spark jobs (moving the rows to `jobs_archive`); so
+`finished_max` is overshot by at most a minute of finished jobs."""
+
+_FINISHING = (Completed, Cancelled, Expired)
+"""Events that end a job for good (a dead job stays held until it is redriven)."""
 
 BROKER_PROBE_EVERY_S = 1.0
 """How often a loop the broker has not answered for that long (no commit, no fetched record)
@@ -231,9 +240,15 @@ class Leader:
         epoch_for: EpochFor,
         serving_until: Callable[[], float],
         io: LeaderIO | None = None,
+        archive: JobArchive | None = None,
     ) -> None:
         self.settings = settings
         self.io: LeaderIO = io if io is not None else KafkaLeaderIO(settings)
+        self.archive: JobArchive = archive if archive is not None else DeltaJobArchive(settings)
+        dispatcher = settings.dispatcher
+        self.finished_ids = FinishedIds(dispatcher.dedup_window_s, dispatcher.dedup_filter_mb << 20)
+        """The ids that finished within the dedup window, this term's and (once loaded from
+        Delta) the ones before (`accept` looks beyond memory through it)."""
         self.epoch_for = epoch_for
         self.serving_until = serving_until
         self.metrics = metrics
@@ -305,6 +320,15 @@ class Leader:
         self._thread = threading.Thread(target=self._run, name="dispatch-leader", daemon=True)
         self._thread.start()
         self.ready.set()
+        # After opening: the failover does not wait for the ids of a day of finished jobs
+        # (until they are in, every id not in memory is looked up in Delta instead).
+        since = now - self.settings.dispatcher.dedup_window_s
+        threading.Thread(
+            target=self.finished_ids.rebuild,
+            args=(lambda: self.archive.finished_since(self.group, since),),
+            name="dispatch-finished-ids",
+            daemon=True,
+        ).start()
 
     def _rebuild(self, client_id: str) -> None:
         """Load the newest Delta snapshot and replay the log after it; or the whole log."""
@@ -499,6 +523,12 @@ class Leader:
             raise
         self.last_iteration = time.monotonic()
 
+    def _note_finished(self, events: list[Event]) -> None:
+        """Add the jobs these committed events finished to the filter of finished ids."""
+        finished = [(e.job_id, e.at) for e in events if isinstance(e, _FINISHING)]
+        if finished:
+            self.finished_ids.add_many(finished)
+
     def _iterate_with(self, commands: list[Command]) -> None:
         assert self._reader is not None
         records = self._reader.poll(timeout_ms=0 if commands else self._idle_wait_ms())
@@ -521,8 +551,9 @@ class Leader:
             events += self._consume(records, now, rejections)
         events += core.tick(now)
         if now >= self._next_prune:
-            self._next_prune = now + PRUNE_EVERY_S
-            events += core.prune(now - self.settings.dispatcher.dedup_window_s, now)
+            dispatcher = self.settings.dispatcher
+            self._next_prune = now + min(PRUNE_EVERY_S, dispatcher.finished_window_s / 5)
+            events += core.prune(now - dispatcher.finished_window_s, now, dispatcher.finished_max)
         try:
             committed = self._commit(events, rejections, moved=self._reader.take_moved(), now=now)
         except BaseException as error:
@@ -542,6 +573,7 @@ class Leader:
             else:
                 _settle(command.future, value)
         if events:
+            self._note_finished(events)
             self.listener.committed(core, events)
 
     def _idle_wait_ms(self) -> int:

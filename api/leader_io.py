@@ -30,6 +30,7 @@ from dispatch.settings import Settings
 
 if TYPE_CHECKING:
     from dispatch.api.kafka_log import SubmitRecord
+    from dispatch.core.job import JobRecord
     from dispatch.delta.snapshot import Snapshot
 
 
@@ -127,6 +128,37 @@ class LeaderIO(Protocol):
     def latest_snapshot(self, group: str) -> Snapshot | None:
         """The newest snapshot of `group`'s jobs, or None (none yet)."""
         ...
+
+
+class JobArchive(Protocol):
+    """The jobs the leader no longer holds in memory: Delta's `jobs` and `jobs_archive`."""
+
+    def find_jobs(self, group: str, ids: Sequence[str]) -> dict[str, JobRecord]:
+        """The newest life of each of `ids` that the tables hold (blocking I/O)."""
+        ...
+
+    def finished_since(self, group: str, since: float) -> Iterator[list[tuple[str, float]]]:
+        """(id, finish time) of every job that finished at or after `since`, in batches."""
+        ...
+
+
+class DeltaJobArchive:
+    """`JobArchive` over the warehouse's Delta tables, read by delta-rs (no JVM)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def find_jobs(self, group: str, ids: Sequence[str]) -> dict[str, JobRecord]:
+        from dispatch.delta.job_lookup import find_jobs
+        from dispatch.warehouse import Warehouse
+
+        return find_jobs(Warehouse.of(self.settings), group, ids)
+
+    def finished_since(self, group: str, since: float) -> Iterator[list[tuple[str, float]]]:
+        from dispatch.delta.job_lookup import finished_ids_since
+        from dispatch.warehouse import Warehouse
+
+        return finished_ids_since(Warehouse.of(self.settings), group, since)
 
 
 class NodeIO(LeaderIO, Protocol):

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dispatch.api.deps import bearer_principal
 from dispatch.api.errors import ApiError, answer_for
 from dispatch.api.node import Node
-from dispatch.api.routes.jobs import accept, to_request
+from dispatch.api.routes.jobs import accept, generated_ids, to_request
 from dispatch.api.schemas import JobSubmission
 from dispatch.auth import KeyRing, Principal, Role
 
@@ -54,14 +54,16 @@ class SubmitFastPath:
             return  # the client went away mid-body: nobody to answer
 
         try:
-            request = to_request(JobSubmission.model_validate(json.loads(body)), principal)
+            submission = JobSubmission.model_validate(json.loads(body))
+            request = to_request(submission, principal)
         except (ValueError, RecursionError, ValidationError, ApiError):
             # json's and pydantic's errors are ValueErrors, and json raises RecursionError for
             # a body nested too deep to parse: the route words the refusal.
             await self.app(scope, _replay(body, receive), send)
             return
         try:
-            [accepted] = await accept(self.node, [request], principal)
+            generated = generated_ids([submission], [request])
+            [accepted] = await accept(self.node, [request], principal, generated)
         except Exception as error:
             response = answer_for(error, scope)
             if response is None:

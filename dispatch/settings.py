@@ -396,9 +396,21 @@ class DispatcherSettings(_Section):
     """Attempts of a job before it goes to the dead-letter queue."""
     worker_expiry_s: float = Field(15.0, gt=0)
     """A REST worker silent this long is lost; its jobs are requeued."""
+    finished_window_s: float = Field(300.0, gt=0)
+    """Finished jobs (succeeded, cancelled, expired) stay in the leader's memory this long
+    after they finish ..."""
+    finished_max: int = Field(100_000, ge=0)
+    """... and at most this many of them (the oldest go first): the leader's memory is
+    bounded whatever the rate. Afterwards a job is read from Delta (`GET /v1/jobs/{id}`
+    answers it with its result for as long as the tables keep it)."""
     dedup_window_s: float = Field(86400.0, gt=0)
-    """Finished jobs stay in the leader's memory this long: a resubmit of the same job id
-    within it answers the existing job."""
+    """A resubmitted job id is answered as the existing job for this long after the job
+    finished: from memory within the window above, then through a filter of recently
+    finished ids and a Delta lookup (docs/spec.md, *Submission and dedup*). After it, the
+    same id starts a new life."""
+    dedup_filter_mb: int = Field(64, ge=1, le=4096)
+    """The memory of that filter, fixed whatever the rate: about 10 bits per id keeps 1 % of
+    new ids (looked up in Delta for nothing); 64 MB holds ~50 million ids a window."""
     accept_log_gap: bool = False
     """Lead even when the events log's retention removed records the rebuild needs (after the
     newest snapshot's offsets): those decisions are lost. Off by default: such a node refuses

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Query, Response
 
 from dispatch.api.deps import ClientDep, NodeDep
 from dispatch.api.errors import ApiError
-from dispatch.api.leader import LeaderUnavailable
+from dispatch.api.hub import public_job
+from dispatch.api.leader import Leader, LeaderUnavailable
 from dispatch.api.loop_commands import CancelJob, ReadJobs
 from dispatch.api.node import Node
 from dispatch.api.schemas import JobBatch, JobSubmission, error_responses
 from dispatch.auth import Principal, Role
 from dispatch.core.commands import SubmitRequest
+from dispatch.core.errors import RejectCode
 from dispatch.core.job import TERMINAL_STATUSES
 from dispatch.wire import Accepted, AcceptedBatch, JobView
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
+log = logging.getLogger(__name__)
 
 _SUBMIT_ERRORS = error_responses(
     {
@@ -32,6 +37,11 @@ _SUBMIT_ERRORS = error_responses(
 _JOB_ERRORS = error_responses({404: "No such job (or another client's)"})
 
 MAX_WAIT_S = 60.0
+
+
+def generated_ids(bodies: Sequence[JobSubmission], requests: Sequence[SubmitRequest]) -> set[str]:
+    """The ids `to_request` made up (bodies without an id), which no earlier job has."""
+    return {request.id for body, request in zip(bodies, requests, strict=True) if body.id is None}
 
 
 def to_request(body: JobSubmission, principal: Principal, where: str = "body") -> SubmitRequest:
@@ -69,17 +79,65 @@ async def _known(node: Node, ids: list[str]) -> dict[str, dict[str, Any]]:
     return await node.call(ReadJobs(ids))
 
 
-async def accept(node: Node, requests: list[SubmitRequest], principal: Principal) -> list[Accepted]:
-    """Known ids answer with the existing job; the rest go to Kafka (202 once acknowledged)."""
+async def _archived(leader: Leader, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The jobs among `ids` that Delta holds (the leader forgot them: they finished before its
+    finished window). Best effort: when Delta cannot be read, nothing is found (and logged),
+    so a submission is not refused because object storage is slow or away."""
+    try:
+        records = await asyncio.to_thread(leader.archive.find_jobs, leader.group, ids)
+    except Exception as error:  # noqa: BLE001  (see above)
+        log.warning("cannot look up %d job ids in Delta: %r", len(ids), error)
+        return {}
+    return {job_id: public_job(record) for job_id, record in records.items()}
+
+
+async def _finished_within_window(
+    leader: Leader, requests: Sequence[SubmitRequest], known: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """The jobs among `requests` the leader no longer holds that finished within the dedup
+    window (answered as existing, as the ones it holds are). Only ids the filter of finished
+    ids may hold are looked up in Delta: a new id costs a few microseconds."""
+    finished_ids = leader.finished_ids
+    maybe = [
+        job_id
+        for job_id in dict.fromkeys(request.id for request in requests)
+        if job_id not in known and finished_ids.may_hold(job_id)
+    ]
+    if not maybe:
+        return {}
+    since = time.time() - leader.settings.dispatcher.dedup_window_s
+    found = await _archived(leader, maybe)
+    # A life that finished before the window (a false positive of the filter found an old
+    # one) does not count: that id starts a new life.
+    return {
+        job_id: job
+        for job_id, job in found.items()
+        if job["status"] not in TERMINAL_STATUSES or job["updated_at"] >= since
+    }
+
+
+async def accept(
+    node: Node,
+    requests: list[SubmitRequest],
+    principal: Principal,
+    generated: Collection[str] = (),
+) -> list[Accepted]:
+    """Known ids answer with the existing job; the rest go to Kafka (202 once acknowledged).
+    `generated`: ids this node made up for the request (no earlier job can have them)."""
     # Only the leader answers a submission: an answer it cannot give (a known id, another
     # tenant's, a client over its queues) would be a false 202. A follower relays the call
     # (dispatch.api.forward); a node that stopped leading since answers 307 or 503 here, and
     # the client retries (the same id dedups).
     # A membership test on the core's job dict is atomic under the GIL: it keeps the common
     # case (new ids) off the leader loop, and only ids seen there get a consistent read.
-    core = node.leader().core
+    leader = node.leader()
+    core = leader.core
     seen = [request.id for request in requests if request.id in core]
     known = await _known(node, seen) if seen else {}
+    # Beyond memory: a job that finished before the leader's finished window.
+    asked = [request for request in requests if request.id not in generated]
+    if asked:
+        known.update(await _finished_within_window(leader, asked, known))
     # All or nothing: every refusal is found before anything is written.
     for request in requests:
         existing = known.get(request.id)
@@ -122,7 +180,8 @@ async def submit(
     body: JobSubmission, node: NodeDep, principal: ClientDep, response: Response
 ) -> Accepted:
     """Submit one job. Answered once Kafka has it; the same id again answers the existing job."""
-    [accepted] = await accept(node, [to_request(body, principal)], principal)
+    request = to_request(body, principal)
+    [accepted] = await accept(node, [request], principal, generated_ids([body], [request]))
     if accepted.existing:
         response.status_code = 200
     return accepted
@@ -139,7 +198,8 @@ async def submit_batch(body: JobBatch, node: NodeDep, principal: ClientDep) -> A
     """Submit many jobs, all or nothing: all are validated (fields, ids taken by another
     client) before any is written."""
     requests = [to_request(job, principal, f"body.jobs[{i}]") for i, job in enumerate(body.jobs)]
-    return AcceptedBatch(jobs=await accept(node, requests, principal))
+    generated = generated_ids(body.jobs, requests)
+    return AcceptedBatch(jobs=await accept(node, requests, principal, generated))
 
 
 @router.get("/jobs/{job_id}", response_model=JobView, responses=_JOB_ERRORS)
@@ -152,11 +212,18 @@ async def read_job(
     """A job's status, attempts, result or error; `?wait=S` waits until it is terminal."""
     assert node.hub is not None
     deadline = time.monotonic() + wait
+    looked_in_delta = False
     while True:
         # Registered before the read, so a job finishing in between still wakes us.
         waiter = node.hub.wait_for_job(job_id) if wait else None
         try:
             job = (await _known(node, [job_id])).get(job_id)
+            if job is None and not looked_in_delta:
+                # Not held: it finished before the leader's finished window (then Delta has
+                # it, result and all), or it is unknown. Asked once: a job that appears
+                # while we wait is a new one, and the leader holds it.
+                looked_in_delta = True
+                job = (await _archived(node.leader(), [job_id])).get(job_id)
         except LeaderUnavailable:
             if waiter is not None:
                 node.hub.forget_waiter(job_id, waiter)
@@ -183,5 +250,15 @@ async def read_job(
 )
 async def cancel(job_id: str, node: NodeDep, principal: ClientDep) -> dict[str, Any]:
     """Cancel a queued job (409 if it is running or finished)."""
-    _visible((await _known(node, [job_id])).get(job_id), principal, job_id)
+    job = (await _known(node, [job_id])).get(job_id)
+    if job is None:
+        # Finished before the leader's window (Delta has it), or unknown (404).
+        archived = (await _archived(node.leader(), [job_id])).get(job_id)
+        status = _visible(archived, principal, job_id)["status"]
+        raise ApiError(
+            409,
+            f"job {job_id!r} is {status}; only queued jobs can be cancelled",
+            RejectCode.NOT_CANCELLABLE.value,
+        )
+    _visible(job, principal, job_id)
     return await node.call(CancelJob(job_id))

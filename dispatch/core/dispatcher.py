@@ -97,9 +97,10 @@ class Dispatcher:
         """Call once after a rebuild, before serving: fresh expiry windows and deadlines."""
         return self._leader_commands.resume(now, outage_s=outage_s, reconnect_s=reconnect_s)
 
-    def prune(self, before: float, now: float) -> list[Event]:
-        """Forget succeeded, cancelled and expired jobs that finished at or before `before`."""
-        return self._leader_commands.prune(before, now)
+    def prune(self, before: float, now: float, keep_at_most: int | None = None) -> list[Event]:
+        """Forget succeeded, cancelled and expired jobs that finished at or before `before`,
+        and the oldest of them beyond `keep_at_most`."""
+        return self._leader_commands.prune(before, now, keep_at_most)
 
     # --- time and assignment ---------------------------------------------------------------
 

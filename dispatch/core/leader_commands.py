@@ -67,12 +67,15 @@ class LeaderCommands:
         self._scheduler.assignment_pass(now, out)
         return out
 
-    def prune(self, before: float, now: float) -> list[Event]:
+    def prune(self, before: float, now: float, keep_at_most: int | None = None) -> list[Event]:
         """Forget succeeded, cancelled and expired jobs that finished at or before `before`
-        (their ids can then be submitted again). Dead jobs stay until redriven. Emits one
-        `pruned` event if anything goes."""
+        (their ids can then be submitted again), and, with `keep_at_most`, the oldest
+        finished jobs beyond that many. Dead jobs stay until redriven. Emits one `pruned`
+        event if anything goes; it names the finish time at or before which jobs go, so the
+        fold and a replay forget exactly these jobs."""
         try:
             before = v.as_number(before, "before")
+            keep_at_most = v.as_opt_int(keep_at_most, "keep_at_most", 0)
         except ValueError as error:
             raise Rejected(RejectCode.INVALID, str(error)) from None
         state = self._state
@@ -81,6 +84,12 @@ class LeaderCommands:
         jobs = state._jobs
         while finished and jobs.get(finished[0].id) is not finished[0]:
             finished.popleft()
+        if keep_at_most is not None and len(finished) > keep_at_most:
+            # The deque is in finish order (event times never go back), so every job at or
+            # before the cut goes. Entries of jobs no longer held count against the bound
+            # (it may keep a few fewer): counting live ones would cost a walk of the deque.
+            cut = finished[len(finished) - keep_at_most - 1].updated_at
+            before = max(before, cut)
         if not finished or finished[0].updated_at > before:
             return []
         out: list[Event] = []

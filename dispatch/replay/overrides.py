@@ -22,9 +22,20 @@ from dispatch.core.config import CoreConfig
 from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN
 from dispatch.settings import DispatcherSettings
 
-IGNORED_BY_REPLAY = frozenset({"group", "worker_expiry_s", "dedup_window_s", "accept_log_gap"})
+IGNORED_BY_REPLAY = frozenset(
+    {
+        "group",
+        "worker_expiry_s",
+        "dedup_window_s",
+        "dedup_filter_mb",
+        "finished_window_s",
+        "finished_max",
+        "accept_log_gap",
+    }
+)
 """Settings that cannot change a replay (the simulated fleet never goes silent; the group is
-chosen with `--group`): setting one is an error rather than a silent no-op."""
+chosen with `--group`; what the leader keeps in memory changes no decision): setting one is an
+error rather than a silent no-op."""
 
 PRIORITY_KEYS = ("exec_priority", "client_priority")
 

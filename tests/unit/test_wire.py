@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from dispatch import fast_json
 from dispatch.api import errors
+from dispatch.api.finished_ids import FinishedIds
 from dispatch.api.hub import Hub
 from dispatch.api.loop_commands import LoopCommand
 from dispatch.api.metrics import Metrics
@@ -61,9 +62,20 @@ CLIENT = Principal("tests", Role.ADMIN, "tests")
 # --- the server: the API's routes on a stand-in for the leader -------------------------------
 
 
+class _NoArchive:
+    """Delta, empty: no job finished before the leader's window."""
+
+    def find_jobs(self, group: str, ids: Sequence[str]) -> dict[str, JobRecord]:
+        return {}
+
+
 class _Term:
     def __init__(self, core: Dispatcher) -> None:
         self.core = core
+        self.group = "default"
+        self.archive = _NoArchive()
+        self.finished_ids = FinishedIds(86_400.0, 1 << 16)
+        self.finished_ids.rebuild(lambda: iter(()))
 
 
 class _Keyring:

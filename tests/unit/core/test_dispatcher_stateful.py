@@ -305,16 +305,25 @@ class DispatcherMachine(RuleBasedStateMachine):
             assert isinstance(result, list) and isinstance(result[0], Redriven)
             assert self.model.jobs[job_id].attempts in (0, 1)
 
-    @rule(age=st.sampled_from([0.0, 5.0, 30.0]))
-    def prune(self, age: float) -> None:
+    @rule(age=st.sampled_from([0.0, 5.0, 30.0, 1e9]), keep=st.sampled_from([None, 0, 1, 3]))
+    def prune(self, age: float, keep: int | None) -> None:
         before = self.now - age
-        due = any(
-            job.status in ("succeeded", "cancelled", "expired") and job.updated_at <= before
+        finished = [
+            job.updated_at
             for job in self.model.jobs.values()
-        )
-        events = self.run("prune", None, lambda: self.core.prune(before, self.now))
+            if job.status in ("succeeded", "cancelled", "expired")
+        ]
+        due = any(at <= before for at in finished) or (keep is not None and len(finished) > keep)
+        events = self.run("prune", None, lambda: self.core.prune(before, self.now, keep))
         assert isinstance(events, list)
         assert [type(event) for event in events] == ([Pruned] if due else [])
+        if keep is not None:
+            # The bound holds: at most `keep` finished jobs stay (ties at the cut go too).
+            left = sum(
+                job.status in ("succeeded", "cancelled", "expired")
+                for job in self.model.jobs.values()
+            )
+            assert left <= keep
 
     # --- workers --------------------------------------------------------------------------
 

@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import websockets
 from kafka import KafkaConsumer, KafkaProducer
 
 from dispatch.api.kafka_log import replay_events
 from dispatch.auth import ensure_dev_keys
+from dispatch.bench.acking_worker import run_acking_worker
 from dispatch.bench.signals import unwinds_on_sigterm
 from dispatch.bench.stats import machine, percentiles
 from dispatch.core.events import Assigned, Completed
@@ -262,49 +262,14 @@ class Load:
         return report
 
     async def _worker(self, worker_id: str, ready: asyncio.Event) -> None:
-        url = self.url.replace("http://", "ws://") + "/v1/stream"
-        headers = {"Authorization": f"Bearer {self.keys['worker']}"}
-        credit = 512
-        async with websockets.connect(
-            url, additional_headers=headers, proxy=None, max_queue=None, compression=None
-        ) as socket:
-            hello = {"type": "hello", "role": "worker", "worker_id": worker_id,
-                     "subjects": ["job.assign.bench.>"], "batch": True}  # fmt: skip
-            await socket.send(json.dumps(hello))
-            await socket.send(json.dumps({"type": "credit", "credits": credit}))
-            ready.set()
-            pending: list[dict[str, Any]] = []
+        def settled(count: int) -> None:
+            self.completed += count
+            if self.completed >= self._expected:
+                self.done.set()
 
-            async def flush_acks() -> None:
-                # No-op jobs finish at once: acking what arrived in the last 2 ms in one
-                # `acks` message is what a busy worker SDK does too.
-                while True:
-                    await asyncio.sleep(0.002)
-                    if pending:
-                        batch = pending[:]
-                        pending.clear()
-                        await socket.send(json.dumps({"type": "acks", "acks": batch}))
-
-            flusher = asyncio.create_task(flush_acks())
-            try:
-                async for raw in socket:
-                    message = json.loads(raw)
-                    if message["type"] == "assign_many":
-                        pending += [
-                            {"id": job["id"], "attempt": job["attempt"], "lease": job["lease"],
-                             "result": None}
-                            for job in message["assignments"]
-                        ]  # fmt: skip
-                    elif message["type"] == "settled_many":
-                        settled = len(message["results"])
-                        self.completed += settled
-                        # Acks return no credit (docs/spec.md §5): the worker grants more
-                        # when ready.
-                        await socket.send(json.dumps({"type": "credit", "credits": settled}))
-                        if self.completed >= self._expected:
-                            self.done.set()
-            finally:
-                flusher.cancel()
+        await run_acking_worker(
+            self.url, self.keys["worker"], worker_id, 512, connected=ready.set, settled=settled
+        )
 
 
 def record_times(settings: Settings) -> dict[str, float]:

@@ -138,6 +138,12 @@ class Submitters:
 
 async def _read_answer(reader: asyncio.StreamReader) -> int:
     """Read one HTTP/1.1 answer (the node always sends `content-length`); its status."""
+    status, _ = await read_answer(reader)
+    return status
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One HTTP/1.1 answer (the node always sends `content-length`): status and body."""
     status_line = await reader.readline()
     if not status_line:
         raise ConnectionError("the node closed the connection")
@@ -147,9 +153,7 @@ async def _read_answer(reader: asyncio.StreamReader) -> int:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
             length = int(value)
-    if length:
-        await reader.readexactly(length)
-    return status
+    return status, (await reader.readexactly(length) if length else b"")
 
 
 def sdk_loop(plan: Plan) -> dict[str, Any]:

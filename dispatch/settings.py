@@ -400,13 +400,14 @@ class DispatcherSettings(_Section):
     """Finished jobs (succeeded, cancelled, expired) stay in the leader's memory this long
     after they finish ..."""
     finished_max: int = Field(100_000, ge=0)
-    """... and at most this many of them (the oldest go first): the leader's memory is
-    bounded whatever the rate. Afterwards a job is read from Delta (`GET /v1/jobs/{id}`
-    answers it with its result for as long as the tables keep it)."""
+    """... and at most this many of them (the oldest go first; the leader prunes once a
+    minute, so up to a minute of finished jobs more): the leader's memory is bounded whatever
+    the rate. Afterwards a job is read from Delta (`GET /v1/jobs/{id}` answers it with its
+    result for as long as the tables keep it)."""
     dedup_window_s: float = Field(86400.0, gt=0)
     """A resubmitted job id is answered as the existing job for this long after the job
     finished: from memory within the window above, then through a filter of recently
-    finished ids and a Delta lookup (docs/spec.md, *Submission and dedup*). After it, the
+    finished ids and a Delta lookup (docs/spec.md, *1. Submission and dedup*). After it, the
     same id starts a new life."""
     dedup_filter_mb: int = Field(64, ge=1, le=4096)
     """The memory of that filter, fixed whatever the rate: about 10 bits per id keeps 1 % of

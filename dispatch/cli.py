@@ -371,6 +371,7 @@ register_replay_command(app)
 SERVER_PACKAGES = frozenset(
     {
         "pyspark",
+        "httpx",
         "delta",
         "kafka",
         "confluent_kafka",

@@ -41,8 +41,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-# `dispatch` imports this module for every command: the client (httpx, websockets, pydantic)
-# is imported in the functions that use it, so the other commands do not pay for it.
+# `dispatch` imports this module for every command: the client (urllib3, aiohttp, websockets,
+# pydantic) is imported in the functions that use it, so the other commands do not pay for it.
 if TYPE_CHECKING:
     from typer.models import CommandInfo
 
@@ -532,7 +532,6 @@ def worker(
     except (ValueError, WorkerError) as error:
         _fail(str(error), EXIT_USAGE)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     try:
         app.run(**options)
     except WorkerError as error:

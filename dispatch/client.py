@@ -1,4 +1,4 @@
-"""The client SDK: `Client` (sync) and `AsyncClient` (asyncio), on httpx.
+"""The client SDK: `Client` (sync, on urllib3) and `AsyncClient` (asyncio, on aiohttp).
 
 Both speak the REST contract (docs/spec.md, *REST*) and are ready for failover: a follower's `307`
 is followed to the leader it names (and remembered), connection errors and `503` are
@@ -19,6 +19,12 @@ waiting for the retry budget only delays saying so. A node that answered (a `503
 during an election) keeps the call retrying for the whole budget. The SDK's default is to
 retry for the budget in every case, so that a long-running program rides out a stack that
 restarts as a whole.
+
+HTTP goes through `dispatch.http_transport`: a transport sends one request and gives back an
+`Answer` or a `TransportError` saying whether the request may have been sent and whether the
+connection was refused; every decision above is made here, from those. urllib3 and aiohttp
+replaced httpx, whose async client got slower as calls ran concurrently (docs/sdk.md,
+*What the SDK is built on*).
 """
 
 from __future__ import annotations
@@ -35,15 +41,22 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from dispatch import wire
+from dispatch import fast_json, wire
 from dispatch.core.job import TERMINAL_STATUSES as _CORE_TERMINAL_STATUSES
+from dispatch.http_transport import (
+    Answer,
+    AsyncHTTP,
+    AsyncTransport,
+    SyncHTTP,
+    SyncTransport,
+    TransportError,
+)
 
 # The answers about jobs are the server's own classes (`dispatch.wire`), under the SDK's names.
 Job = wire.JobView
@@ -193,12 +206,12 @@ def error_from_body(status: int | None, body: Any, text: str = "") -> DispatchEr
     return kind(detail, error=code, status=status)
 
 
-def error_from_response(response: httpx.Response) -> DispatchError:
+def error_from_response(response: Answer) -> DispatchError:
     try:
         body: Any = response.json()
     except ValueError:
         body = None
-    return error_from_body(response.status_code, body, response.text)
+    return error_from_body(response.status, body, response.text)
 
 
 # --- configuration --------------------------------------------------------------------------
@@ -361,7 +374,7 @@ def _host_of(url: str) -> tuple[str, str]:
     return parts.scheme.lower(), (parts.hostname or "").lower()
 
 
-def leader_from_redirect(response: httpx.Response) -> str | None:
+def leader_from_redirect(response: Answer) -> str | None:
     """The leader's base URL from a 307: the body's `leader`, else the Location's origin."""
     try:
         body = response.json()
@@ -381,7 +394,7 @@ def _origin(location: str | None) -> str | None:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _retry_after_s(response: httpx.Response) -> float:
+def _retry_after_s(response: Answer) -> float:
     value = response.headers.get("retry-after", "")
     try:
         return max(0.0, float(value))
@@ -389,11 +402,11 @@ def _retry_after_s(response: httpx.Response) -> float:
         return 0.0
 
 
-# Errors raised before the request left this machine: the server cannot have acted on it.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
-# Errors meaning "nothing listens there" (refused, no such host), as opposed to a timeout: a
-# host that does not answer may be busy, one that refuses is not running a node.
-_REFUSED = (httpx.ConnectError, httpx.UnsupportedProtocol)
+# A `TransportError` says whether the request may have left this machine (not after a failed
+# connect, a connect or pool timeout, an unusable URL: the server cannot have acted on it), and
+# whether the node refused the connection ("nothing listens there": refused, no such host, as
+# opposed to a timeout: a host that does not answer may be busy, one that refuses is not
+# running a node).
 MAX_REDIRECTS_IN_A_ROW = 5
 
 
@@ -403,7 +416,7 @@ class _Call(Generic[T]):
 
     method: str
     path: str
-    parse: Callable[[httpx.Response], T]
+    parse: Callable[[Answer], T]
     body: Any = None
     params: dict[str, Any] | None = None
     idempotent: bool = True
@@ -434,7 +447,7 @@ class _Tries:
         """`url` refused the connection: with `fail_fast`, raise `Unreachable` once every
         node of `urls` did and none answered."""
         if "refused" in reason.lower() or "errno 111" in reason.lower():
-            reason = "connection refused"  # one wording for httpx's and websockets' texts
+            reason = "connection refused"  # one wording for the transports' and websockets' texts
         self.refused[url] = reason
         if self.fail_fast and not self.answered and set(urls) <= set(self.refused):
             where = ", ".join(urls)
@@ -450,7 +463,11 @@ class _Tries:
 
 
 def _unavailable(url: str, cause: BaseException | str) -> Unavailable:
-    reason = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+    if isinstance(cause, str):
+        reason = cause
+    else:
+        kind = cause.kind if isinstance(cause, TransportError) else type(cause).__name__
+        reason = f"{kind}: {cause}"
     return Unavailable(f"{url}: {reason}".rstrip(": "), error="unavailable")
 
 
@@ -472,32 +489,45 @@ class _Base:
         self.retry_timeout_s = retry_timeout_s
         self.backoff = backoff or Backoff()
         self.fail_fast = fail_fast
+        # The key is read once, here (the headers of every REST call; streams read `headers`).
+        self._plain_headers = self.headers
+        self._json_headers = {**self._plain_headers, "Content-Type": "application/json"}
 
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _request(self, call: _Call[Any], url: str) -> tuple[str, dict[str, str], bytes | None]:
+        """The absolute URL, the headers and the body of one try of `call` at node `url`."""
+        target = url + call.path
+        if call.params:
+            target += "?" + urlencode(
+                {name: _query_value(value) for name, value in call.params.items()},
+                quote_via=quote,
+            )
+        if call.body is None:
+            return target, self._plain_headers, None
+        return target, self._json_headers, fast_json.dumps(call.body)
 
     def _tries(self, fail_fast: bool | None = None) -> _Tries:
         chosen = self.fail_fast if fail_fast is None else fail_fast
         return _Tries(self.backoff, self.retry_timeout_s, chosen)
 
     def _outcome(
-        self, call: _Call[T], url: str, tries: _Tries, answer: httpx.Response | httpx.HTTPError
+        self, call: _Call[T], url: str, tries: _Tries, answer: Answer | TransportError
     ) -> _Done[T] | float:
         """What to do after one try: done (a value), or the pause before the next try.
         Raises the typed error when the call failed for good."""
-        if isinstance(answer, httpx.HTTPError):
+        if isinstance(answer, TransportError):
             error = _unavailable(url, answer)
-            if not isinstance(answer, httpx.TransportError) or not (
-                call.idempotent or isinstance(answer, _NOT_SENT)
-            ):
+            if answer.may_have_been_sent and not call.idempotent:
                 raise error from answer
-            if isinstance(answer, _REFUSED):
-                tries.unreachable(url, str(answer) or type(answer).__name__, self.router.urls)
+            if answer.refused:
+                tries.unreachable(url, str(answer) or answer.kind, self.router.urls)
             self.router.failed(url)
             return tries.pause(error)
         tries.answered = True
-        status = answer.status_code
+        status = answer.status
         if status == 307:
             leader = leader_from_redirect(answer)
             tries.redirects += 1
@@ -530,7 +560,7 @@ class _Base:
                 f"unexpected answer from {url}: {problem}", error="bad_answer", status=status
             ) from problem
 
-    def _follow_leader_hint(self, answer: httpx.Response) -> None:
+    def _follow_leader_hint(self, answer: Answer) -> None:
         """A follower relayed this answer and named the leader: go there directly from the
         next call on, when it is a trusted node (as a 307 would be followed); else stay."""
         leader = answer.headers.get(LEADER_HINT_HEADER)
@@ -540,6 +570,15 @@ class _Base:
 
     def _timeout(self, call: _Call[Any]) -> float:
         return call.timeout_s if call.timeout_s is not None else self.request_timeout_s
+
+
+def _query_value(value: Any) -> str:
+    """A query parameter's text, as httpx wrote it (`true`, `false`, empty for None)."""
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return "" if value is None else str(value)
 
 
 # --- what the API answers -------------------------------------------------------------------
@@ -606,23 +645,23 @@ def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
-def _model(kind: type[M]) -> Callable[[httpx.Response], M]:
-    def parse(response: httpx.Response) -> M:
+def _model(kind: type[M]) -> Callable[[Answer], M]:
+    def parse(response: Answer) -> M:
         return kind.model_validate(response.json())
 
     return parse
 
 
-def _accepted_batch(response: httpx.Response) -> list[Accepted]:
+def _accepted_batch(response: Answer) -> list[Accepted]:
     return list(wire.AcceptedBatch.model_validate(response.json()).jobs)
 
 
-def _job_list(response: httpx.Response) -> list[Job]:
+def _job_list(response: Answer) -> list[Job]:
     return list(wire.JobList.model_validate(response.json()).jobs)
 
 
-def _models(kind: type[M], key: str) -> Callable[[httpx.Response], list[M]]:
-    def parse(response: httpx.Response) -> list[M]:
+def _models(kind: type[M], key: str) -> Callable[[Answer], list[M]]:
+    def parse(response: Answer) -> list[M]:
         return [kind.model_validate(item) for item in response.json()[key]]
 
     return parse
@@ -774,7 +813,7 @@ class Client(_Base):
         fail_fast: bool = False,
     ) -> None:
         super().__init__(urls, api_key, request_timeout_s, retry_timeout_s, backoff, fail_fast)
-        self._http = httpx.Client(headers=self.headers, follow_redirects=False)
+        self._transport: SyncHTTP = SyncTransport()
 
     def __enter__(self) -> Self:
         return self
@@ -788,19 +827,19 @@ class Client(_Base):
         self.close()
 
     def close(self) -> None:
-        self._http.close()
+        self._transport.close()
 
     def _run(self, call: _Call[T]) -> T:
         tries = self._tries()
         while True:
             url = self.router.current
-            answer: httpx.Response | httpx.HTTPError
+            target, headers, body = self._request(call, url)
+            answer: Answer | TransportError
             try:
-                answer = self._http.request(
-                    call.method, url + call.path, json=call.body, params=call.params,
-                    timeout=self._timeout(call),
-                )  # fmt: skip
-            except httpx.HTTPError as error:
+                answer = self._transport.request(
+                    call.method, target, headers=headers, body=body, timeout_s=self._timeout(call)
+                )
+            except TransportError as error:
                 answer = error
             outcome = self._outcome(call, url, tries, answer)
             if isinstance(outcome, _Done):
@@ -913,7 +952,8 @@ class AsyncClient(_Base):
         fail_fast: bool = False,
     ) -> None:
         super().__init__(urls, api_key, request_timeout_s, retry_timeout_s, backoff, fail_fast)
-        self._http = httpx.AsyncClient(headers=self.headers, follow_redirects=False)
+        # aiohttp's session is made on the first request, inside the running loop.
+        self._transport: AsyncHTTP = AsyncTransport()
 
     async def __aenter__(self) -> Self:
         return self
@@ -927,19 +967,19 @@ class AsyncClient(_Base):
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._transport.aclose()
 
     async def _run(self, call: _Call[T], tries: _Tries | None = None) -> T:
         tries = tries or self._tries()
         while True:
             url = self.router.current
-            answer: httpx.Response | httpx.HTTPError
+            target, headers, body = self._request(call, url)
+            answer: Answer | TransportError
             try:
-                answer = await self._http.request(
-                    call.method, url + call.path, json=call.body, params=call.params,
-                    timeout=self._timeout(call),
-                )  # fmt: skip
-            except httpx.HTTPError as error:
+                answer = await self._transport.request(
+                    call.method, target, headers=headers, body=body, timeout_s=self._timeout(call)
+                )
+            except TransportError as error:
                 answer = error
             outcome = self._outcome(call, url, tries, answer)
             if isinstance(outcome, _Done):

@@ -54,6 +54,7 @@ from dispatch.wire import (
 from dispatch.worker.jobs import Assignment as WorkerAssignment
 from dispatch.worker.transports import WebSocketTransport
 from tests.unit.core.helpers import T0, make
+from tests.unit.sdk.httpx_transport import AsyncHttpxTransport
 
 CLIENT = Principal("tests", Role.ADMIN, "tests")
 """The caller of every request: an admin, so the DLQ is readable too."""
@@ -153,11 +154,9 @@ def _server(node: _Node) -> FastAPI:
 @asynccontextmanager
 async def _sdk(app: FastAPI) -> AsyncIterator[AsyncClient]:
     client = AsyncClient("http://node.test", api_key="key", backoff=Backoff(max_s=0.1))
-    # The SDK's own HTTP client, pointed at the app in this process (no sockets).
-    await client._http.aclose()
-    client._http = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), headers=client.headers, follow_redirects=False
-    )
+    # The SDK's transport, pointed at the app in this process (no sockets).
+    await client._transport.aclose()
+    client._transport = AsyncHttpxTransport(httpx.ASGITransport(app=app))
     async with client:
         yield client
 
@@ -348,7 +347,12 @@ async def _every_status() -> None:
         # Each job, read over REST, is its record; so is the DLQ.
         statuses = {}
         for job_id in ("queued", "running", "succeeded", "dead", "cancelled"):
-            raw = (await client._http.get(f"http://node.test/v1/jobs/{job_id}")).json()
+            raw = (
+                await client._transport.request(
+                    "GET", f"http://node.test/v1/jobs/{job_id}", headers=client.headers,
+                    body=None, timeout_s=10.0,
+                )
+            ).json()  # fmt: skip
             _assert_sent_in_full(raw, JobView)
             job = await client.get(job_id)
             _assert_same_job(job, _record(core, job_id))

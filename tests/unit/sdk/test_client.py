@@ -40,6 +40,8 @@ from dispatch.client import (
     stream_url,
     submission_of,
 )
+from dispatch.http_transport import Answer, TransportError
+from tests.unit.sdk.httpx_transport import HttpxTransport
 
 # --- backoff --------------------------------------------------------------------------------
 
@@ -96,7 +98,7 @@ def test_a_socket_error_maps_by_its_code(code: str, kind: type[DispatchError]) -
 
 
 def test_a_body_that_is_not_the_error_format_still_gives_a_typed_error() -> None:
-    error = error_from_response(httpx.Response(502, text="<html>Bad gateway</html>"))
+    error = error_from_response(Answer(502, {}, b"<html>Bad gateway</html>"))
     assert isinstance(error, ServerError)
     assert (error.error, error.detail) == ("http_502", "<html>Bad gateway</html>")
     assert error_from_body(404, None).detail == "no detail"
@@ -210,13 +212,12 @@ def test_the_client_never_sends_its_key_to_a_foreign_leader() -> None:
         return httpx.Response(200, json={"queues": []})
 
     with Client("http://a:8000", "secret-key", retry_timeout_s=1.0) as client:
-        client._http = httpx.Client(
-            headers=client.headers, transport=httpx.MockTransport(node), follow_redirects=False
-        )
+        client._transport = HttpxTransport(httpx.MockTransport(node))
         with pytest.raises(UntrustedRedirect, match="http://evil:8000") as raised:
             client.queues()
     assert raised.value.error == "untrusted_redirect"
     assert [request.url.host for request in seen] == ["a"]
+    assert seen[0].headers["authorization"] == "Bearer secret-key"
 
 
 def test_the_client_follows_a_redirect_to_another_node_of_a_configured_host() -> None:
@@ -229,19 +230,17 @@ def test_the_client_follows_a_redirect_to_another_node_of_a_configured_host() ->
         return httpx.Response(200, json={"queues": []})
 
     with Client("http://a:8000", "secret-key") as client:
-        client._http = httpx.Client(
-            headers=client.headers, transport=httpx.MockTransport(node), follow_redirects=False
-        )
+        client._transport = HttpxTransport(httpx.MockTransport(node))
         assert client.queues() == []
     assert seen == ["a:8000", "a:8001"]
 
 
 def test_the_leader_is_read_from_a_307_body_or_its_location() -> None:
-    assert leader_from_redirect(httpx.Response(307, json={"leader": "http://l:1"})) == "http://l:1"
-    by_location = httpx.Response(307, headers={"Location": "http://l:2/v1/jobs/x?wait=1"})
+    assert leader_from_redirect(Answer.of_json(307, {"leader": "http://l:1"})) == "http://l:1"
+    by_location = Answer(307, {"Location": "http://l:2/v1/jobs/x?wait=1"})
     assert leader_from_redirect(by_location) == "http://l:2"
-    assert leader_from_redirect(httpx.Response(307, json={"leader": None})) is None
-    assert leader_from_redirect(httpx.Response(307, headers={"Location": "/relative"})) is None
+    assert leader_from_redirect(Answer.of_json(307, {"leader": None})) is None
+    assert leader_from_redirect(Answer(307, {"location": "/relative"})) is None
 
 
 # --- one try's outcome ----------------------------------------------------------------------
@@ -263,29 +262,28 @@ def _tries(budget_s: float = 30.0) -> _Tries:
 def test_one_try_ends_in_a_value_a_redirect_a_pause_or_an_error() -> None:
     with Client(["http://a", "http://b"], "key") as client:
         tries = _tries()
-        assert client._outcome(_call(), "http://a", tries, httpx.Response(200, json={"v": 1})) == (
+        assert client._outcome(_call(), "http://a", tries, Answer.of_json(200, {"v": 1})) == (
             _Done("1")
         )
-        redirect = httpx.Response(307, json={"leader": "http://b"})
+        redirect = Answer.of_json(307, {"leader": "http://b"})
         assert client._outcome(_call(), "http://a", tries, redirect) == 0.0
         assert client.router.current == "http://b"
-        busy = httpx.Response(503, json={"error": "unavailable", "detail": "rebuilding"})
+        busy = Answer.of_json(503, {"error": "unavailable", "detail": "rebuilding"})
         assert client._outcome(_call(), "http://b", tries, busy) == pytest.approx(0.1)
         assert client.router.current == "http://a"  # moved on to the next node
         with pytest.raises(NotFound):
-            client._outcome(_call(), "http://a", tries, httpx.Response(404, json={}))
+            client._outcome(_call(), "http://a", tries, Answer.of_json(404, {}))
 
 
 def test_a_503_waits_at_least_its_retry_after() -> None:
     with Client("http://a", "key") as client:
-        busy = httpx.Response(503, headers={"Retry-After": "0.7"}, json={})
+        busy = Answer.of_json(503, {}, {"Retry-After": "0.7"})
         assert client._outcome(_call(), "http://a", _tries(), busy) == pytest.approx(0.7)
 
 
 def test_only_safe_requests_are_retried_after_a_network_error() -> None:
-    request = httpx.Request("GET", "http://a/v1/x")
-    refused = httpx.ConnectError("refused", request=request)
-    lost = httpx.ReadTimeout("no answer", request=request)
+    refused = TransportError.connect_failed("refused")
+    lost = TransportError.read_timeout("no answer")
     with Client("http://a", "key") as client:
         # Never sent: safe for anything.
         assert _pause(client._outcome(_call(idempotent=False), "http://a", _tries(), refused)) > 0
@@ -299,14 +297,14 @@ def test_retries_stop_when_the_budget_is_spent() -> None:
     with Client("http://a", "key") as client:
         # The budget counts the time spent so far plus the next pause (0.1 s, then 0.2 s).
         tries = _tries(budget_s=0.15)
-        busy = httpx.Response(503, json={"error": "unavailable", "detail": "no leader"})
+        busy = Answer.of_json(503, {"error": "unavailable", "detail": "no leader"})
         assert client._outcome(_call(), "http://a", tries, busy) == pytest.approx(0.1)
         with pytest.raises(Unavailable, match="no leader"):
             client._outcome(_call(), "http://a", tries, busy)
 
 
-def _refused(url: str) -> httpx.ConnectError:
-    return httpx.ConnectError("[Errno 111] Connection refused", request=httpx.Request("GET", url))
+def _refused(url: str) -> TransportError:
+    return TransportError.connect_failed(f"{url}: [Errno 111] Connection refused")
 
 
 def test_fail_fast_gives_up_once_every_node_refused_the_connection() -> None:
@@ -327,7 +325,7 @@ def test_fail_fast_keeps_retrying_once_a_node_answered() -> None:
     leader that died, and the call waits for the next one within its budget."""
     with Client(["http://a", "http://b"], "key", fail_fast=True) as client:
         tries = client._tries()
-        electing = httpx.Response(503, json={"error": "unavailable", "detail": "no leader"})
+        electing = Answer.of_json(503, {"error": "unavailable", "detail": "no leader"})
         assert _pause(client._outcome(_call(), "http://a", tries, electing)) > 0
         assert _pause(client._outcome(_call(), "http://b", tries, _refused("http://b"))) > 0
         assert _pause(client._outcome(_call(), "http://a", tries, _refused("http://a"))) > 0
@@ -346,7 +344,7 @@ def test_a_fail_fast_client_against_a_closed_port_fails_within_a_second() -> Non
 def test_endless_redirects_become_pauses() -> None:
     with Client("http://a", "key") as client:
         tries = _tries()
-        loop = httpx.Response(307, json={"leader": "http://a"})
+        loop = Answer.of_json(307, {"leader": "http://a"})
         pauses = [_pause(client._outcome(_call(), "http://a", tries, loop)) for _ in range(7)]
         assert pauses[:5] == [0.0] * 5 and all(pause > 0 for pause in pauses[5:])
 
@@ -356,7 +354,7 @@ def test_an_unauthorized_answer_says_how_to_get_a_key(monkeypatch: pytest.Monkey
     monkeypatch.delenv("DISPATCH_API_KEY", raising=False)
     with Client("http://a") as client:
         assert client.api_key is None
-        refused = httpx.Response(401, json={"error": "unauthorized", "detail": "missing key"})
+        refused = Answer.of_json(401, {"error": "unauthorized", "detail": "missing key"})
         with pytest.raises(Unauthorized, match="DISPATCH_API_KEY"):
             client._outcome(_call(), "http://a", _tries(), refused)
 

@@ -18,6 +18,7 @@ from dispatch.client import AsyncClient, Client
 from dispatch.worker import Submitted, Task, WorkerApp
 from dispatch.worker.jobs import Assignment
 from dispatch.worker.tasks import AsyncSubmitted, default_client, set_default_client
+from tests.unit.sdk.httpx_transport import AsyncHttpxTransport, HttpxTransport
 
 
 def _job(payload: Any = None, exec_name: str = "image.resize") -> Assignment:
@@ -48,16 +49,12 @@ class MockNode:
 
     def client(self) -> Client:
         client = Client("http://node:8000", "k", retry_timeout_s=1.0)
-        client._http = httpx.Client(
-            headers=client.headers, transport=httpx.MockTransport(self), follow_redirects=False
-        )
+        client._transport = HttpxTransport(httpx.MockTransport(self))
         return client
 
     def async_client(self) -> AsyncClient:
         client = AsyncClient("http://node:8000", "k", retry_timeout_s=1.0)
-        client._http = httpx.AsyncClient(
-            headers=client.headers, transport=httpx.MockTransport(self), follow_redirects=False
-        )
+        client._transport = AsyncHttpxTransport(httpx.MockTransport(self))
         return client
 
 

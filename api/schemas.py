@@ -112,12 +112,30 @@ class JobBatch(_Body):
     jobs: list[JobSubmission] = Field(min_length=1, max_length=10_000)
 
 
+class HeldAttempt(_Body):
+    id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    attempt: int = Field(ge=1)
+    lease: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+
+
 class Poll(_Body):
     subjects: list[str] = Field(
         min_length=1, description="NATS-style patterns: `job.assign.image.*`"
     )
     credits: int = Field(ge=0, le=10_000, description="How many jobs the worker can take now")
     wait_s: float = Field(20.0, ge=0, le=60, description="Long-poll for up to this long")
+    held: list[HeldAttempt] | None = Field(
+        None,
+        max_length=10_000,
+        description="The attempts the worker holds (running, or settling): with `epoch`, lets "
+        "a new leader requeue at once what the worker never received",
+    )
+    epoch: int | None = Field(
+        None,
+        ge=0,
+        description="The leader epoch of this worker's previous poll answer (none at its "
+        "start): when it is not the leader's, the poll rejoins the worker with `held`",
+    )
 
 
 class Settle(_Body):

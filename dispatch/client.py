@@ -652,6 +652,20 @@ def _model(kind: type[M]) -> Callable[[Answer], M]:
     return parse
 
 
+@dataclass(frozen=True)
+class Polled:
+    """A poll's answer: the assignments, and the leader epoch that gave them."""
+
+    assignments: list[dict[str, Any]]
+    epoch: int | None
+
+
+def _polled(response: Answer) -> Polled:
+    answer = response.json()
+    epoch = answer.get("epoch")
+    return Polled(list(answer["assignments"]), epoch if isinstance(epoch, int) else None)
+
+
 def _accepted_batch(response: Answer) -> list[Accepted]:
     return list(wire.AcceptedBatch.model_validate(response.json()).jobs)
 
@@ -1083,10 +1097,30 @@ class AsyncClient(_Base):
     ) -> list[dict[str, Any]]:
         """`POST /v1/workers/{id}/poll`: say "room for `credits`", get assignments.
         `fail_fast` overrides the client's for this call."""
-        call: _Call[list[dict[str, Any]]] = _Call(
-            "POST", f"/v1/workers/{_quote(worker_id)}/poll",
-            lambda response: list(response.json()["assignments"]),
-            body={"subjects": list(subjects), "credits": credits, "wait_s": wait_s},
+        polled = await self.poll_term(worker_id, subjects, credits, wait_s, fail_fast=fail_fast)
+        return polled.assignments
+
+    async def poll_term(
+        self,
+        worker_id: str,
+        subjects: Sequence[str],
+        credits: int,
+        wait_s: float,
+        *,
+        held: Sequence[tuple[str, int, str]] | None = None,
+        epoch: int | None = None,
+        fail_fast: bool | None = None,
+    ) -> Polled:
+        """`poll`, saying which attempts the worker holds (`held`: id, attempt, lease) and
+        the leader epoch of its previous poll's answer: a leader of another epoch (a new
+        term, or the worker's first poll) requeues at once what the worker does not hold.
+        The answer carries the epoch to send next time."""
+        body: dict[str, Any] = {"subjects": list(subjects), "credits": credits, "wait_s": wait_s}
+        if held is not None:
+            body["held"] = [{"id": i, "attempt": a, "lease": lease} for i, a, lease in held]
+            body["epoch"] = epoch
+        call: _Call[Polled] = _Call(
+            "POST", f"/v1/workers/{_quote(worker_id)}/poll", _polled, body=body,
             timeout_s=wait_s + self.request_timeout_s,
         )  # fmt: skip
         return await self._run(call, self._tries(fail_fast))

@@ -109,6 +109,8 @@ class Assignment(_SentInFull):
 
 class Assignments(_Answer):
     assignments: list[Assignment]
+    epoch: int | None = None
+    """The leader epoch that answered (a worker sends it back with its next poll)."""
 
 
 _JOB_VIEW_FIELDS = tuple(JobView.model_fields)

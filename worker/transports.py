@@ -197,6 +197,8 @@ class _KeepAlive:
         self.client = client
         self.runtime = runtime
         self.last_heard = time.monotonic()
+        self.epoch: int | None = None
+        """The leader epoch of the last poll's answer (None before the first)."""
 
     def heard(self) -> None:
         """Something reached the leader on the worker's behalf just now."""
@@ -208,11 +210,19 @@ class _KeepAlive:
 
     async def poll(self, credits: int, wait_s: float = 0.0, *, fail_fast: bool = False) -> None:
         runtime = self.runtime
-        assignments = await self.client.poll(
-            runtime.worker_id, runtime.subjects, credits, wait_s, fail_fast=fail_fast
-        )
+        # Every poll says what the worker holds (running or settling) and the epoch of the
+        # last answer: the first poll a new leader gets (a failover, or this worker's start)
+        # requeues at once an assignment lost with the previous leader's answer, as a
+        # socket's hello does; the other polls only carry it.
+        held = [(job.id, job.attempt, job.lease) for job in runtime.held()]
+        polled = await self.client.poll_term(
+            runtime.worker_id, runtime.subjects, credits, wait_s,
+            held=held, epoch=self.epoch, fail_fast=fail_fast,
+        )  # fmt: skip
         self.heard()
-        for assignment in assignments:
+        if polled.epoch is not None:
+            self.epoch = polled.epoch
+        for assignment in polled.assignments:
             runtime.accept(assignment)
 
 

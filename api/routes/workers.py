@@ -5,7 +5,11 @@ another key's worker answers 403, and every settlement names its key, so the lea
 one for a job held by another key's worker. A worker served by an open WebSocket is polled
 only through it (409): a poll would replace its credit and subjects under the socket.
 A long-poll belongs to the leadership term it started under: when that term ends, it
-answers 307 to the new leader (or 503) instead of waiting on.
+answers 307 to the new leader (or 503) instead of waiting on. Each answer carries the
+leader's epoch; a poll that sends back another one (the worker's first poll of a new term, or
+of its life) with the attempts it holds rejoins the worker (`RejoinWorker`, as a socket's
+hello): an assignment the previous term committed and whose answer was lost is requeued at
+once instead of waiting for its deadline.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dispatch.api.loop_commands import (
     FailJob,
     JobView,
     PresentWorker,
+    RejoinWorker,
 )
 from dispatch.api.schemas import (
     Ack,
@@ -54,7 +59,17 @@ async def poll(worker_id: str, body: Poll, node: NodeDep, principal: WorkerDep) 
         raise ApiError(409, f"worker {worker_id!r} is served by an open WebSocket", "conflict")
     term_ended = hub.term_ended()
     term = node.leader()
-    await node.call(PresentWorker(hub, worker_id, body.subjects, body.credits, owner))
+    epoch = term.core.epoch
+    if body.held is not None and body.epoch != epoch:
+        # The worker's first poll of this term (or of its life): the leader may believe it
+        # holds assignments it never received (a poll answer lost with the previous leader).
+        # As a socket's hello does, make the leader's view what the worker says: what it does
+        # not hold is requeued now, not when its deadline passes.
+        held = [(attempt.id, attempt.attempt, attempt.lease) for attempt in body.held]
+        join = RejoinWorker(hub, worker_id, body.subjects, held, body.credits, owner)
+        epoch = await node.call(join)
+    else:
+        await node.call(PresentWorker(hub, worker_id, body.subjects, body.credits, owner))
     outbox = hub.outbox(worker_id)
     if not outbox.items and body.wait_s > 0 and body.credits > 0:
         with contextlib.suppress(TimeoutError):
@@ -67,7 +82,9 @@ async def poll(worker_id: str, body: Poll, node: NodeDep, principal: WorkerDep) 
             "the leadership term of this poll ended",
             leader=elsewhere if elsewhere != node.address else None,
         )
-    return Assignments.model_validate({"assignments": hub.take(worker_id, body.credits)})
+    return Assignments.model_validate(
+        {"assignments": hub.take(worker_id, body.credits), "epoch": epoch}
+    )
 
 
 def _settled(job_id: str, view: JobView | None) -> JobView:

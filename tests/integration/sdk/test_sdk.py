@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 from dispatch.api.memory_log import MemoryLog
@@ -283,3 +284,45 @@ def test_a_handler_s_retry_delay_holds_the_next_attempt_back(
         assert (job.status, job.attempts) == ("succeeded", 2)
         assert started[1] - started[0] >= 1.4, started
         assert started[1] >= waiting.next_attempt_at - 0.05
+
+
+def test_a_rest_worker_gets_back_at_once_an_assignment_lost_with_the_previous_term(
+    api_settings: Settings,
+) -> None:
+    # Deadlines far off: without the worker saying what it holds, the lost assignment would
+    # wait a minute for its deadline.
+    dispatcher = api_settings.dispatcher.model_copy(
+        update={"ack_timeout_s": 60.0, "max_ack_timeout_s": 60.0}
+    )
+    settings = api_settings.model_copy(update={"dispatcher": dispatcher})
+    server = NodeServer(settings, free_port(), io=MemoryLog(settings))
+    node = server.start()
+    try:
+        with _admin(node) as admin:
+            admin.submit("sdk.echo", 1, id="lost")
+            # The worker's poll is answered with the assignment, and the answer is lost with
+            # the term (here: the poll's caller drops it).
+            with httpx.Client(base_url=node.url, timeout=10) as raw:
+                answer = raw.post(
+                    "/v1/workers/w-lost/poll",
+                    json={"subjects": ["job.assign.sdk.*"], "credits": 1, "wait_s": 5},
+                    headers={"Authorization": f"Bearer {node.keys['worker']}"},
+                )
+            assert [a["id"] for a in answer.json()["assignments"]] == ["lost"]
+            first_epoch = answer.json()["epoch"]
+            server.stop()
+            node = server.start()  # a new term, rebuilt from the log: "lost" runs on w-lost
+        with _admin(node) as admin:
+            assert admin.get("lost").status == "running"
+            started = time.monotonic()
+            with running_worker(_app(), node, transport="rest", worker_id="w-lost"):
+                done = admin.wait("lost", timeout_s=20)
+            assert done.status == "succeeded" and done.attempts == 2
+            assert time.monotonic() - started < 20  # not the minute of its deadline
+            assert node.node.leader().core.epoch > first_epoch
+            # Within the term the worker's polls carry what it holds and change nothing.
+            admin.submit("sdk.echo", 2, id="then")
+            with running_worker(_app(), node, transport="rest", worker_id="w-lost"):
+                assert admin.wait("then", timeout_s=20).attempts == 1
+    finally:
+        server.stop()

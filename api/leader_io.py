@@ -10,7 +10,9 @@ protocol here:
   submit position the log last carried before one;
 - the newest snapshot of the group's jobs (`LeaderIO.latest_snapshot`).
 A node (`dispatch.api.node.Node`) adds a `SubmitSink`, where its REST and WebSocket submissions go,
-and a `LagSource`, how far the streaming fold is behind the log (its `/metrics`).
+and a `LagSource`, how far the streaming fold is behind the log (its `/metrics`). A term also
+reads, beside these, a `JobArchive`: the jobs it no longer holds (Delta's `jobs` and
+`jobs_archive`), by id and as the ids finished since a time.
 
 `KafkaLeaderIO` is the real thing (Kafka through `dispatch.api.kafka_log` and
 `dispatch.api.submit_producer`, the snapshot through delta-rs); `dispatch.api.memory_log.MemoryLog`

@@ -68,6 +68,9 @@ def check_invariants(checked: Checked) -> None:
             assert worker.running.get(job.id) is job, f"{job.id}: not in its worker's jobs"
             inflight[job.client_id] += 1
             running_per_queue[job.exec] += 1
+            assert (job.run_limit_at is None) == (job.max_run_s is None), (
+                f"{job.id}: run_limit_at is set exactly when the job has a max_run_s"
+            )
     for status in JobStatus:
         assert state._counts[status.value] == by_status[status], f"count of {status} is off"
     _check_queues(state, running_per_queue)

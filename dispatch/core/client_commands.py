@@ -1,4 +1,4 @@
-"""Client commands: submit, cancel, redrive.
+"""Client commands: submit, cancel (one job, or many by a filter), redrive.
 
 A submission of a known id does nothing (dedup). A client may create at most
 `MAX_EXEC_QUEUES_PER_CLIENT` exec queues: `submit` refuses one more, `submit_many` leaves it
@@ -9,14 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from dispatch.core import _validate as v
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.errors import RejectCode, Rejected
-from dispatch.core.events import Cancelled, Event, Redriven
+from dispatch.core.events import Cancelled, CancelRequested, Event, Redriven
 from dispatch.core.fast_events import new_enqueued
-from dispatch.core.job import JobStatus
+from dispatch.core.job import JobRecord, JobStatus
 from dispatch.core.queues import MAX_EXEC_QUEUES_PER_CLIENT
 from dispatch.core.scheduler import Scheduler
 from dispatch.core.state import DispatcherState
+from dispatch.core.subjects import compile_pattern, match_tokens
+
+MAX_CANCEL_BATCH = 10_000
+"""Most jobs one `cancel_where` call cancels (the rest wait for the next call)."""
+MAX_REASON_LENGTH = 1_000
+"""Longest reason a cancel may record."""
 
 
 class ClientCommands:
@@ -143,29 +150,114 @@ class ClientCommands:
             state._next_seq,
             retry,
             expires_at,
+            request.max_run_s or config.max_run_for(request.exec),
         )
         state._on_enqueued(event)
         out.append(event)
 
-    def cancel(self, job_id: str, now: float) -> list[Event]:
-        """Cancel a queued (ready or delayed) job. Running and finished jobs refuse."""
+    def cancel(
+        self, job_id: str, now: float, *, by: str | None = None, reason: str = ""
+    ) -> list[Event]:
+        """Cancel a job. Queued (ready or delayed): it ends `cancelled` at once. Running:
+        its worker is told to stop (`cancel_requested`, its deadline cut to at most
+        `cancel_grace_s` away); it ends `cancelled` when the worker confirms or at that
+        deadline. Asking again for a running job answers []. Finished jobs refuse
+        (`not_cancellable`). `by` names the API key asking (recorded in the event)."""
         job = self._scheduler.known_job(job_id)
+        reason = _checked_reason(reason, job_id)
+        by = _checked_by(by, job_id)
+        state = self._state
+        if job.status is JobStatus.RUNNING:
+            if job.cancel_requested_at is not None:
+                return []
+            now = state.advance_to(now)
+            out: list[Event] = []
+            self._request_cancel(job, now, by, reason, out)
+            return out
         if job.status is not JobStatus.QUEUED:
             raise Rejected(
                 RejectCode.NOT_CANCELLABLE,
-                f"job {job_id!r} is {job.status.value}; only queued jobs can be cancelled",
+                f"job {job_id!r} is {job.status.value}; only queued and running jobs can be "
+                "cancelled",
                 job_id=job_id,
             )
-        state = self._state
         now = state.advance_to(now)
-        out: list[Event] = []
-        state.emit(Cancelled(epoch=state.fence.epoch, at=now, job_id=job_id), out)
+        out = []
+        cancelled = Cancelled(epoch=state.fence.epoch, at=now, job_id=job_id, by=by, reason=reason)
+        state.emit(cancelled, out)
         return out
 
-    def redrive(self, job_id: str, now: float) -> list[Event]:
-        """Requeue a dead-lettered job with its attempts reset to 0."""
+    def _request_cancel(
+        self, job: JobRecord, now: float, by: str | None, reason: str, out: list[Event]
+    ) -> None:
+        state = self._state
+        assert job.deadline is not None and job.worker_id is not None  # running
+        deadline = min(job.deadline, now + state.config.cancel_grace_s)
+        event = CancelRequested(
+            epoch=state.fence.epoch, at=now, job_id=job.id, worker_id=job.worker_id,
+            attempt=job.attempts, deadline=deadline, by=by, reason=reason,
+        )  # fmt: skip
+        state.emit(event, out)
+
+    def cancel_where(
+        self,
+        now: float,
+        *,
+        exec_pattern: str | None = None,
+        client_id: str | None = None,
+        statuses: frozenset[JobStatus] = frozenset({JobStatus.QUEUED, JobStatus.RUNNING}),
+        limit: int = MAX_CANCEL_BATCH,
+        by: str | None = None,
+        reason: str = "",
+    ) -> list[Event]:
+        """Cancel up to `limit` jobs whose exec matches `exec_pattern` (`*` one token, a
+        final `>` one or more; None: any), of `client_id` (None: any), in `statuses`
+        (queued and/or running), oldest submission first, each as `cancel` does (a running
+        job whose cancel was already requested is skipped and not counted). Purging a queue
+        is `statuses={queued}`. Cost: one pass over the jobs held."""
+        try:
+            tokens = None if exec_pattern is None else compile_pattern(exec_pattern)
+            if isinstance(limit, bool) or not isinstance(limit, int):
+                raise ValueError(f"limit: expected an integer, got {limit!r}")
+            if not 1 <= limit <= MAX_CANCEL_BATCH:
+                raise ValueError(f"limit: expected an integer in [1, {MAX_CANCEL_BATCH}]")
+            allowed = {JobStatus.QUEUED, JobStatus.RUNNING}
+            if not statuses or not set(statuses) <= allowed:
+                raise ValueError("status: expected queued and/or running")
+        except ValueError as error:
+            raise Rejected(RejectCode.INVALID, str(error)) from None
+        reason = _checked_reason(reason, None)
+        by = _checked_by(by, None)
+        state = self._state
+        now = state.advance_to(now)
+        chosen: list[JobRecord] = []
+        for job in state._jobs.values():
+            if job.status not in statuses or (
+                job.status is JobStatus.RUNNING and job.cancel_requested_at is not None
+            ):
+                continue
+            if client_id is not None and job.client_id != client_id:
+                continue
+            if tokens is not None and not match_tokens(tokens, tuple(job.exec.split("."))):
+                continue
+            chosen.append(job)
+        chosen.sort(key=lambda job: (job.submitted_at, job.id))
+        out: list[Event] = []
+        epoch = state.fence.epoch
+        for job in chosen[:limit]:
+            if job.status is JobStatus.RUNNING:
+                self._request_cancel(job, now, by, reason, out)
+            else:
+                event = Cancelled(epoch=epoch, at=now, job_id=job.id, by=by, reason=reason)
+                state.emit(event, out)
+        return out
+
+    def redrive(self, job_id: str, now: float, *, by: str | None = None) -> list[Event]:
+        """Requeue a dead-lettered job with its attempts reset to 0. `by` names the API key
+        asking (recorded in the event)."""
         scheduler = self._scheduler
         job = scheduler.known_job(job_id)
+        by = _checked_by(by, job_id)
         if job.status is not JobStatus.DEAD:
             raise Rejected(
                 RejectCode.NOT_DEAD,
@@ -175,7 +267,28 @@ class ClientCommands:
         state = self._state
         now = state.advance_to(now)
         out: list[Event] = []
-        redriven = Redriven(epoch=state.fence.epoch, at=now, job_id=job_id, seq=state._next_seq)
+        redriven = Redriven(
+            epoch=state.fence.epoch, at=now, job_id=job_id, seq=state._next_seq, by=by
+        )
         state.emit(redriven, out)
         scheduler.assignment_pass(now, out)
         return out
+
+
+def _checked_by(by: object, job_id: str | None) -> str | None:
+    """None, or an API key's name: a non-empty string (an empty one would not survive the
+    event's round trip, which leaves out an unset `by`)."""
+    try:
+        return v.as_opt_id(by, "by")
+    except ValueError as error:
+        raise Rejected(RejectCode.INVALID, str(error), job_id=job_id) from None
+
+
+def _checked_reason(reason: object, job_id: str | None) -> str:
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_LENGTH:
+        raise Rejected(
+            RejectCode.INVALID,
+            f"reason: expected a string of at most {MAX_REASON_LENGTH} characters",
+            job_id=job_id,
+        )
+    return reason

@@ -43,6 +43,7 @@ _FIELDS = frozenset(
         "retry",
         "expires_at",
         "ttl_s",
+        "max_run_s",
     }
 )
 
@@ -59,6 +60,9 @@ class SubmitRequest:
     `max_delay_s`, `jitter`); those it leaves out come from its exec's default when the job
     is enqueued. A job not started `ttl_s` seconds after it is accepted, or by the unix time
     `expires_at` (at most one of the two), ends `expired`.
+
+    `max_run_s` is the hard time limit of each attempt (heartbeats cannot carry one past it);
+    None: its exec's default (`CoreConfig.max_run_for`), decided when it is enqueued.
     """
 
     id: str
@@ -73,6 +77,7 @@ class SubmitRequest:
     retry: Mapping[str, Any] | None = None
     expires_at: float | None = None
     ttl_s: float | None = None
+    max_run_s: float | None = None
 
     def __post_init__(self) -> None:
         v.as_submitted_id(self.id, "id")
@@ -103,8 +108,11 @@ class SubmitRequest:
             _at_most(v.as_number(self.ttl_s, "ttl_s", positive=True), MAX_DELAY_S, "ttl_s")
             if self.expires_at is not None:
                 raise ValueError("ttl_s: give ttl_s or expires_at, not both")
+        if self.max_run_s is not None:
+            number = v.as_number(self.max_run_s, "max_run_s", positive=True)
+            _at_most(number, MAX_DELAY_S, "max_run_s")
         # Times are floats in every event; normalise ints once here.
-        for name in ("timeout_s", "delay_s", "not_before", "expires_at", "ttl_s"):
+        for name in ("timeout_s", "delay_s", "not_before", "expires_at", "ttl_s", "max_run_s"):
             value = getattr(self, name)
             if type(value) is int:
                 object.__setattr__(self, name, float(value))
@@ -129,6 +137,7 @@ class SubmitRequest:
             retry=v.field_value(data, "retry", where, None),
             expires_at=v.field_value(data, "expires_at", where, None),
             ttl_s=v.field_value(data, "ttl_s", where, None),
+            max_run_s=v.field_value(data, "max_run_s", where, None),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,7 +156,7 @@ class SubmitRequest:
             out["delay_s"] = self.delay_s
         if self.not_before is not None:
             out["not_before"] = self.not_before
-        for name in ("retry", "expires_at", "ttl_s"):
+        for name in ("retry", "expires_at", "ttl_s", "max_run_s"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value

@@ -10,9 +10,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 from dispatch.core.retry import RetryPolicy
 from dispatch.core.subjects import compile_pattern, match_tokens
+
+T = TypeVar("T")
+D = TypeVar("D")
 
 
 def _check_positive_int(name: str, value: object) -> None:
@@ -54,6 +58,14 @@ class CoreConfig:
     retry_by_exec: tuple[tuple[str, RetryPolicy], ...] = ()
     """(exec pattern, policy) pairs: the first pattern matching a job's exec (`*` one
     token, a final `>` one or more) gives its policy."""
+    max_run_s: float | None = None
+    """Hard time limit of each attempt of a job that sets none and whose exec no
+    `max_run_by_exec` pattern matches; None: no limit (heartbeats keep a job forever)."""
+    max_run_by_exec: tuple[tuple[str, float], ...] = ()
+    """(exec pattern, seconds) pairs, matched as `retry_by_exec`."""
+    cancel_grace_s: float = 30.0
+    """How long a running job's worker has to stop after a cancel: the job ends `cancelled`
+    when the worker confirms, or when this passes (whichever is first)."""
 
     def __post_init__(self) -> None:
         _check_positive_int("default_cap", self.default_cap)
@@ -98,17 +110,34 @@ class CoreConfig:
             compiled.append((tokens, policy))
         object.__setattr__(self, "retry_by_exec", tuple(self.retry_by_exec))
         object.__setattr__(self, "_retry_patterns", tuple(compiled))
+        if self.max_run_s is not None:
+            _check_positive_number("max_run_s", self.max_run_s)
+            object.__setattr__(self, "max_run_s", float(self.max_run_s))
+        limits: list[tuple[tuple[str, ...], float]] = []
+        for pattern, seconds in self.max_run_by_exec:
+            try:
+                tokens = compile_pattern(pattern)
+            except ValueError as error:
+                raise ValueError(f"max_run_by_exec[{pattern!r}]: {error}") from None
+            _check_positive_number(f"max_run_by_exec[{pattern!r}]", seconds)
+            limits.append((tokens, float(seconds)))
+        object.__setattr__(self, "max_run_by_exec", tuple(self.max_run_by_exec))
+        object.__setattr__(self, "_max_run_patterns", tuple(limits))
+        _check_positive_number("cancel_grace_s", self.cancel_grace_s)
+        object.__setattr__(self, "cancel_grace_s", float(self.cancel_grace_s))
 
     def retry_for(self, exec_name: str) -> RetryPolicy:
         """The default retry policy of jobs of `exec_name`."""
-        if self._retry_patterns:
-            tokens = tuple(exec_name.split("."))
-            for pattern, policy in self._retry_patterns:
-                if match_tokens(pattern, tokens):
-                    return policy
-        return self.retry
+        return _first_match(self._retry_patterns, exec_name, self.retry)
+
+    def max_run_for(self, exec_name: str) -> float | None:
+        """The default hard time limit of attempts of jobs of `exec_name` (None: none)."""
+        return _first_match(self._max_run_patterns, exec_name, self.max_run_s)
 
     _retry_patterns: tuple[tuple[tuple[str, ...], RetryPolicy], ...] = field(
+        default=(), init=False, repr=False, compare=False
+    )
+    _max_run_patterns: tuple[tuple[tuple[str, ...], float], ...] = field(
         default=(), init=False, repr=False, compare=False
     )
 
@@ -126,6 +155,18 @@ class CoreConfig:
         return ack_timeout(
             first_timeout_s, attempt, self.backoff_multiplier, self.max_ack_timeout_s
         )
+
+
+def _first_match(
+    patterns: tuple[tuple[tuple[str, ...], T], ...], exec_name: str, default: D
+) -> T | D:
+    """The value of the first (pattern, value) pair whose pattern matches `exec_name`."""
+    if patterns:
+        tokens = tuple(exec_name.split("."))
+        for pattern, value in patterns:
+            if match_tokens(pattern, tokens):
+                return value
+    return default
 
 
 def ack_timeout(first_timeout_s: float, attempt: int, multiplier: float, cap_s: float) -> float:

@@ -7,7 +7,8 @@ body there). The parts share one `DispatcherState` (the state and its fold, `app
 - `scheduler.Scheduler`: assignment passes, deadlines, silent and lost workers (`tick`,
   `dispatch`), and the helpers every command uses;
 - `leader_commands.LeaderCommands`: `begin_epoch`, `resume`, `prune`;
-- `client_commands.ClientCommands`: `submit`, `submit_many`, `cancel`, `redrive`;
+- `client_commands.ClientCommands`: `submit`, `submit_many`, `cancel`, `cancel_where`,
+  `redrive`;
 - `worker_commands.WorkerCommands`: `join`, `grant_credit`, `worker_heartbeat`, `lose_worker`;
 - `settlement.SettlementCommands`: `ack`, `ack_many`, `fail`, `heartbeat`;
 - `queries.DispatcherQueries`: read-only questions.
@@ -23,13 +24,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from dispatch.core.client_commands import ClientCommands
+from dispatch.core.client_commands import MAX_CANCEL_BATCH, ClientCommands
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.config import CoreConfig
 from dispatch.core.errors import Rejected
 from dispatch.core.events import Event
 from dispatch.core.fence import EpochFence
-from dispatch.core.job import JobRecord
+from dispatch.core.job import JobRecord, JobStatus
 from dispatch.core.leader_commands import LeaderCommands
 from dispatch.core.leases import LeaseTokens
 from dispatch.core.queries import ClientLoads, DispatcherQueries, QueueStats
@@ -132,13 +133,33 @@ class Dispatcher:
         """Why these submissions would create too many exec queues for a client, or None."""
         return self._client_commands.exec_queues_refusal(requests)
 
-    def cancel(self, job_id: str, now: float) -> list[Event]:
-        """Cancel a queued (ready or delayed) job. Running and finished jobs refuse."""
-        return self._client_commands.cancel(job_id, now)
+    def cancel(
+        self, job_id: str, now: float, *, by: str | None = None, reason: str = ""
+    ) -> list[Event]:
+        """Cancel a queued job at once, or ask a running job's worker to stop (it ends
+        `cancelled` when it confirms, or after the cancel grace). Finished jobs refuse."""
+        return self._client_commands.cancel(job_id, now, by=by, reason=reason)
 
-    def redrive(self, job_id: str, now: float) -> list[Event]:
-        """Requeue a dead-lettered job with its attempts reset to 0."""
-        return self._client_commands.redrive(job_id, now)
+    def cancel_where(
+        self,
+        now: float,
+        *,
+        exec_pattern: str | None = None,
+        client_id: str | None = None,
+        statuses: frozenset[JobStatus] = frozenset({JobStatus.QUEUED, JobStatus.RUNNING}),
+        limit: int = MAX_CANCEL_BATCH,
+        by: str | None = None,
+        reason: str = "",
+    ) -> list[Event]:
+        """Cancel up to `limit` queued and/or running jobs matching a filter, oldest first."""
+        return self._client_commands.cancel_where(
+            now, exec_pattern=exec_pattern, client_id=client_id, statuses=statuses,
+            limit=limit, by=by, reason=reason,
+        )  # fmt: skip
+
+    def redrive(self, job_id: str, now: float, *, by: str | None = None) -> list[Event]:
+        """Requeue a dead-lettered job with its attempts reset to 0 (`by`: who asked)."""
+        return self._client_commands.redrive(job_id, now, by=by)
 
     # --- workers ---------------------------------------------------------------------------
 

@@ -141,17 +141,18 @@ class Enqueued(JobEvent):
     """The job's own retry policy (None: its exec's default when a delay is decided)."""
     expires_at: float | None = None
     """Not started by then, the job expires (None: never)."""
+    max_run_s: float | None = None
+    """Hard time limit of each attempt, the job's own or its exec's default (None: none)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = Event.to_dict(self)
-        # Left out when unset, so that a job using neither is written exactly as before
-        # they existed (older nodes still read it).
+        # Left out when unset, so that a job using none of them is written exactly as
+        # before they existed (older nodes still read it).
         if self.retry is None:
             del out["retry"]
         else:
             out["retry"] = self.retry.to_dict()
-        if self.expires_at is None:
-            del out["expires_at"]
+        _drop_unset(out, ("expires_at", "max_run_s"))
         return out
 
 
@@ -241,10 +242,38 @@ class DeadLettered(JobEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CancelRequested(JobEvent):
+    """A cancel was asked for while the job ran attempt `attempt` on `worker_id`: the worker
+    is told to stop, and its deadline is now `deadline` (at most the cancel grace away). The
+    job ends `cancelled` when the worker confirms (a failure of that attempt) or at that
+    deadline; an ack before then still completes it (the work was done)."""
+
+    type: ClassVar[str] = "cancel_requested"
+    worker_id: str
+    attempt: int
+    deadline: float
+    by: str | None = None
+    """The name of the API key that asked (None: an admin without a name, or the core)."""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Cancelled(JobEvent):
-    """A queued job was cancelled."""
+    """A job was cancelled: a queued one at once; a running one (`worker_id` and `attempt`
+    set) when its worker confirmed it stopped, or its cancel grace passed."""
 
     type: ClassVar[str] = "cancelled"
+    worker_id: str | None = None
+    attempt: int | None = None
+    by: str | None = None
+    """The name of the API key that asked (None: not recorded, or the core itself)."""
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = Event.to_dict(self)
+        # A queued job's cancel without a reason is written exactly as before these fields.
+        _drop_unset(out, ("worker_id", "attempt", "by", "reason"))
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -261,6 +290,13 @@ class Redriven(JobEvent):
 
     type: ClassVar[str] = "redriven"
     seq: int
+    by: str | None = None
+    """The name of the API key that redrove it (None: not recorded)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = Event.to_dict(self)
+        _drop_unset(out, ("by",))
+        return out
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
@@ -279,6 +315,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Completed,
         Requeued,
         DeadLettered,
+        CancelRequested,
         Cancelled,
         Expired,
         Redriven,
@@ -289,6 +326,14 @@ EVENT_TYPES: dict[str, type[Event]] = {
 _FIELDS: dict[type[Event], tuple[str, ...]] = {
     cls: tuple(f.name for f in fields(cls)) for cls in EVENT_TYPES.values()
 }
+
+
+def _drop_unset(out: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Leave out optional fields at their default (None or ""): an event that does not use
+    a field added later is written exactly as before it existed."""
+    for name in names:
+        if out[name] is None or out[name] == "":
+            del out[name]
 
 
 # --- validation ----------------------------------------------------------------------------
@@ -358,6 +403,9 @@ _SCHEMAS: dict[type[Event], dict[str, _Parse]] = {
             None if value is None else RetryPolicy.from_dict(value, label)
         ),
         "expires_at": v.as_opt_number,
+        "max_run_s": lambda value, label: (
+            None if value is None else v.as_number(value, label, positive=True)
+        ),
     },
     Assigned: {
         **_JOB,
@@ -405,9 +453,23 @@ _SCHEMAS: dict[type[Event], dict[str, _Parse]] = {
         "attempt": _attempt,
         "error": v.as_opt_str,
     },
-    Cancelled: {**_JOB},
+    CancelRequested: {
+        **_JOB,
+        "worker_id": v.as_id,
+        "attempt": _attempt,
+        "deadline": v.as_number,
+        "by": v.as_opt_str,
+        "reason": v.as_str,
+    },
+    Cancelled: {
+        **_JOB,
+        "worker_id": v.as_opt_id,
+        "attempt": lambda value, label: None if value is None else _attempt(value, label),
+        "by": v.as_opt_str,
+        "reason": v.as_str,
+    },
     Expired: {**_JOB, "reason": v.as_str},
-    Redriven: {**_JOB, "seq": v.as_int},
+    Redriven: {**_JOB, "seq": v.as_int, "by": v.as_opt_str},
 }
 _ALLOWED: dict[type[Event], frozenset[str]] = {
     cls: frozenset({"type", *_FIELDS[cls]}) for cls in EVENT_TYPES.values()
@@ -445,4 +507,9 @@ def event_from_dict(data: Mapping[str, Any]) -> Event:
             raise ValueError(f"{label}: missing required field")
         parse = _COMMON.get(name) or parsers[name]
         kwargs[name] = parse(data[name], label)
+    if cls is Cancelled and (kwargs.get("worker_id") is None) != (kwargs.get("attempt") is None):
+        raise ValueError(
+            "cancelled.attempt: a running job's cancel names both worker_id and attempt, a "
+            "queued job's neither"
+        )
     return cls(**kwargs)

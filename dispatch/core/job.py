@@ -25,7 +25,8 @@ class JobStatus(StrEnum):
     DEAD = "dead"
     """In the dead-letter queue; `dead_reason` says why. Can be redriven."""
     CANCELLED = "cancelled"
-    """Cancelled while queued. Terminal."""
+    """Cancelled while queued, or while running once its worker stopped (or its grace to
+    stop passed). Terminal."""
     EXPIRED = "expired"
     """Still queued at its `expires_at`: it never ran (again). Terminal."""
 
@@ -42,10 +43,19 @@ core keeps such a job `queued`: it is queued in every way (cancellable, expirabl
 queue order); only what a user reads tells it apart (`public_status`)."""
 
 
+CANCELLING = "cancelling"
+"""The status the API shows for a running job whose cancel was asked for: its worker has
+been told to stop, and the job ends `cancelled` when it confirms or its grace passes. The
+core keeps it `running` (it still holds its worker's slot)."""
+
+
 def public_status(job: JobRecord) -> str:
-    """The status a user reads: the core's, except `retrying` (see RETRYING)."""
+    """The status a user reads: the core's, except `retrying` (see RETRYING) and
+    `cancelling` (see CANCELLING)."""
     if job.status is JobStatus.QUEUED and job.attempts > 0:
         return RETRYING
+    if job.cancel_requested_at is not None and job.status is JobStatus.RUNNING:
+        return CANCELLING
     return job.status.value
 
 
@@ -67,6 +77,8 @@ class DeadReason(StrEnum):
     """A worker reported a permanent (non-retryable) failure."""
     WORKER_LOST = "worker_lost"
     """The worker running its last allowed attempt was lost."""
+    TIME_LIMIT = "time_limit"
+    """Its last allowed attempt ran for its whole `max_run_s`."""
 
 
 class RequeueReason(StrEnum):
@@ -78,6 +90,8 @@ class RequeueReason(StrEnum):
     """The worker disconnected or stopped heartbeating."""
     TIMEOUT = "timeout"
     """Its deadline passed and no matching worker could take it at once."""
+    TIME_LIMIT = "time_limit"
+    """The attempt ran for its whole `max_run_s` (heartbeats do not extend that)."""
 
 
 @dataclass(slots=True)
@@ -123,6 +137,12 @@ class JobRecord:
     delay is decided."""
     expires_at: float | None = None
     """A queued job still not started at this time ends `expired` (None: never)."""
+    max_run_s: float | None = None
+    """Hard time limit of each attempt: heartbeats cannot carry one past it (None: none)."""
+    run_limit_at: float | None = None
+    """Running: when the current attempt reaches `max_run_s` (None: no limit)."""
+    cancel_requested_at: float | None = None
+    """Running: when a cancel was asked for (the worker was told to stop); None: never."""
 
     def copy(self) -> JobRecord:
         return JobRecord(
@@ -147,6 +167,9 @@ class JobRecord:
             self.dead_reason,
             self.retry,
             self.expires_at,
+            self.max_run_s,
+            self.run_limit_at,
+            self.cancel_requested_at,
         )
 
     @property
@@ -155,8 +178,8 @@ class JobRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict of JSON-able values (status and dead_reason as strings). `retry` and
-        `expires_at` are left out when unset: a record of a job that uses neither is written
-        exactly as before they existed."""
+        the fields added after it (`_LATER_FIELDS`) are left out when unset: a record of a
+        job that uses none of them is written exactly as before they existed."""
         out: dict[str, Any] = {
             "id": self.id,
             "client_id": self.client_id,
@@ -180,8 +203,10 @@ class JobRecord:
         }
         if self.retry is not None:
             out["retry"] = self.retry.to_dict()
-        if self.expires_at is not None:
-            out["expires_at"] = self.expires_at
+        for name in _LATER_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
         return out
 
     @classmethod
@@ -216,12 +241,23 @@ class JobRecord:
             seq=v.as_int(get("seq"), "job.seq"),
             retry=_opt_retry(get("retry", None)),
             expires_at=v.as_opt_number(get("expires_at", None), "job.expires_at"),
+            max_run_s=_opt_positive(get("max_run_s", None), "job.max_run_s"),
+            run_limit_at=v.as_opt_number(get("run_limit_at", None), "job.run_limit_at"),
+            cancel_requested_at=v.as_opt_number(
+                get("cancel_requested_at", None), "job.cancel_requested_at"
+            ),
         )
         check_record(record)
         return record
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(JobRecord))
+_LATER_FIELDS = ("expires_at", "max_run_s", "run_limit_at", "cancel_requested_at")
+"""Optional fields added after the first Delta tables: left out of `to_dict` when unset."""
+
+
+def _opt_positive(value: Any, label: str) -> float | None:
+    return None if value is None else float(v.as_number(value, label, positive=True))
 
 
 def _opt_retry(value: Any) -> RetryPolicy | None:
@@ -253,8 +289,10 @@ def check_record(job: JobRecord) -> None:
         for name in ("worker_id", "lease", "deadline"):
             if getattr(job, name) is None:
                 raise ValueError(f"{label}.{name}: required while running")
-    elif job.deadline is not None:
-        raise ValueError(f"{label}.deadline: only a running job has a deadline")
+    else:
+        for name in ("deadline", "run_limit_at", "cancel_requested_at"):
+            if getattr(job, name) is not None:
+                raise ValueError(f"{label}.{name}: only a running job has one")
     if job.status is JobStatus.QUEUED:
         if job.attempts >= job.max_attempts:
             raise ValueError(f"{label}.attempts: a queued job has attempts left")

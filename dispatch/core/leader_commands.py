@@ -58,6 +58,10 @@ class LeaderCommands:
                 if deadline is None or job.lease is None:
                     continue
                 moved_to = max(deadline + outage_s, floor)
+                if job.run_limit_at is not None:
+                    # The hard limit moves for no outage, but a worker still gets its
+                    # reconnect window to report an attempt that ended in time.
+                    moved_to = min(moved_to, max(job.run_limit_at, floor))
                 if deadline < now + max(outage_s, reconnect_s) and moved_to > deadline:
                     moved = JobHeartbeat(
                         epoch=epoch, at=now, job_id=job.id, worker_id=worker_id,

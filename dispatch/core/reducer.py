@@ -13,10 +13,12 @@ Transitions (anything else raises InvalidTransition):
     queued    --assigned-->        running      attempts += 1
     running   --reassigned-->      running      attempts += 1, new worker/lease/deadline
     running   --job_heartbeat-->   running      deadline extended
+    running   --cancel_requested-> running      cancel_requested_at set, deadline cut
     running   --completed-->       succeeded    result recorded
     running   --requeued-->        queued       error and retry time (`not_before`) recorded
     running   --dead_lettered-->   dead         dead_reason and error recorded
     queued    --cancelled-->       cancelled
+    running   --cancelled-->       cancelled    (its current attempt: the worker stopped)
     queued    --expired-->         expired      reason recorded as the error
     dead      --redriven-->        queued       attempts reset to 0, expiry cleared
 """
@@ -29,6 +31,7 @@ from dispatch.core.errors import InvalidTransition
 from dispatch.core.events import (
     Assigned,
     Cancelled,
+    CancelRequested,
     Completed,
     DeadLettered,
     Enqueued,
@@ -106,6 +109,8 @@ def enqueued(job: JobRecord | None, event: Enqueued) -> JobRecord:
         record.retry = event.retry
     if event.expires_at is not None:
         record.expires_at = event.expires_at
+    if event.max_run_s is not None:
+        record.max_run_s = event.max_run_s
     return record
 
 
@@ -125,6 +130,8 @@ def assigned(job: JobRecord | None, event: Assigned) -> JobRecord:
     job.lease = event.lease
     job.deadline = event.deadline
     job.updated_at = event.at
+    if job.max_run_s is not None:
+        job.run_limit_at = event.at + job.max_run_s
     return job
 
 
@@ -137,6 +144,8 @@ def reassigned(job: JobRecord | None, event: Reassigned) -> JobRecord:
     job.lease = event.lease
     job.deadline = event.deadline
     job.updated_at = event.at
+    if job.max_run_s is not None:
+        job.run_limit_at = event.at + job.max_run_s
     return job
 
 
@@ -165,7 +174,16 @@ def completed(job: JobRecord | None, event: Completed) -> JobRecord:
     job.error = None
     job.deadline = None
     job.updated_at = event.at
+    if job.run_limit_at is not None or job.cancel_requested_at is not None:
+        _end_attempt(job)
     return job
+
+
+def _end_attempt(job: JobRecord) -> None:
+    """Clear what only a running attempt has."""
+    job.deadline = None
+    job.run_limit_at = None
+    job.cancel_requested_at = None
 
 
 def requeued(job: JobRecord | None, event: Requeued) -> JobRecord:
@@ -174,7 +192,7 @@ def requeued(job: JobRecord | None, event: Requeued) -> JobRecord:
         raise _refuse(job, event, "no attempts left: the job must be dead-lettered")
     job.status = _QUEUED
     job.worker_id = None
-    job.deadline = None
+    _end_attempt(job)
     job.error = event.error
     job.seq = event.seq
     # The retry delay decided (None: runnable at once; a submission's own delay is spent).
@@ -188,14 +206,37 @@ def dead_lettered(job: JobRecord | None, event: DeadLettered) -> JobRecord:
     job.status = JobStatus.DEAD
     job.dead_reason = event.reason
     job.error = event.error
-    job.deadline = None
+    _end_attempt(job)
     job.updated_at = event.at
     return job
 
 
+def cancel_requested(job: JobRecord | None, event: CancelRequested) -> JobRecord:
+    job = _expect_current(job, event, event.worker_id, event.attempt)
+    if job.cancel_requested_at is not None:
+        raise _refuse(job, event, "a cancel was already requested")
+    job.cancel_requested_at = event.at
+    # What a user reads while it stops, and the start of its final reason (`cancel_reason`).
+    job.error = cancel_reason(event.reason)
+    job.deadline = event.deadline
+    job.updated_at = event.at
+    return job
+
+
+def cancel_reason(asked: str) -> str:
+    """The error a cancelled running job shows from its cancel on: why it was asked."""
+    return f"cancelled while running: {asked}" if asked else "cancelled while running"
+
+
 def cancelled(job: JobRecord | None, event: Cancelled) -> JobRecord:
-    job = _expect(job, event, _QUEUED)
+    if event.worker_id is None:
+        job = _expect(job, event, _QUEUED)
+    else:
+        job = _expect_current(job, event, event.worker_id, event.attempt or 0)
+        _end_attempt(job)
     job.status = JobStatus.CANCELLED
+    if event.reason:
+        job.error = event.reason
     job.updated_at = event.at
     return job
 
@@ -235,6 +276,7 @@ TRANSITIONS: dict[type[JobEvent], _Transition] = {
     Completed: completed,  # type: ignore[dict-item]
     Requeued: requeued,  # type: ignore[dict-item]
     DeadLettered: dead_lettered,  # type: ignore[dict-item]
+    CancelRequested: cancel_requested,  # type: ignore[dict-item]
     Cancelled: cancelled,  # type: ignore[dict-item]
     Expired: expired,  # type: ignore[dict-item]
     Redriven: redriven,  # type: ignore[dict-item]

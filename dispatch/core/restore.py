@@ -149,6 +149,8 @@ def _valid(records: list[JobRecord]) -> bool:
                 job.deadline is not None
                 or job.dead_reason is not None
                 or job.attempts > job.max_attempts
+                or job.run_limit_at is not None
+                or job.cancel_requested_at is not None
             ):
                 return False
         elif type(status) is not JobStatus:

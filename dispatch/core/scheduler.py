@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dispatch.core.errors import RejectCode, Rejected
 from dispatch.core.events import (
+    Cancelled,
     DeadLettered,
     Event,
     Expired,
@@ -98,7 +99,17 @@ class Scheduler:
         # job assigned earliest ends up first in line.
         for job in reversed(list(worker.running.values())):
             event: Event
-            if job.attempts >= job.max_attempts:
+            if job.cancel_requested_at is not None:
+                # Asked to stop, and gone before it confirmed: nothing is left to run.
+                event = Cancelled(
+                    epoch=epoch,
+                    at=now,
+                    job_id=job.id,
+                    worker_id=worker.worker_id,
+                    attempt=job.attempts,
+                    reason=f"{job.error}; {error} before it confirmed it stopped",
+                )
+            elif job.attempts >= job.max_attempts:
                 event = DeadLettered(
                     epoch=epoch,
                     at=now,
@@ -157,11 +168,32 @@ class Scheduler:
 
         The same worker spends a credit like any other: it may still be running the timed-out
         attempt (stuck, or slow), which holds its slot until the worker gives it back, so a
-        new attempt on the old slot would make it hold more jobs than it has slots."""
+        new attempt on the old slot would make it hold more jobs than it has slots.
+
+        A job whose cancel was requested ends `cancelled` (its grace passed). A deadline that
+        was the attempt's hard limit (`run_limit_at` at or before it) ends the attempt as
+        `time_limit` (`_stop_at_time_limit`); a deadline before it is an ordinary timeout."""
         state = self._state
         epoch = state.fence.epoch
         worker = state._workers[job.worker_id or ""]
         attempt = job.attempts
+        if job.cancel_requested_at is not None:
+            reason = (
+                f"{job.error}; worker {worker.worker_id} did not confirm it stopped attempt "
+                f"{attempt} within the cancel grace"
+            )
+            cancelled = Cancelled(
+                epoch=epoch, at=now, job_id=job.id, worker_id=worker.worker_id,
+                attempt=attempt, reason=reason,
+            )  # fmt: skip
+            state.emit(cancelled, out)
+            return
+        run_limit_at = job.run_limit_at
+        if run_limit_at is not None and job.deadline is not None and run_limit_at <= job.deadline:
+            # The deadline was the hard limit (or a failover's reconnect window past it), not
+            # a missed heartbeat: decided on the record, however late the tick that sees it.
+            self._stop_at_time_limit(job, worker.worker_id, now, out)
+            return
         error = f"attempt {attempt} of {job.max_attempts} timed out on worker {worker.worker_id}"
         if attempt >= job.max_attempts:
             state.emit(
@@ -209,8 +241,45 @@ class Scheduler:
                 previous_worker_id=worker.worker_id,
                 attempt=attempt + 1,
                 lease=self.lease(),
-                deadline=now + state.config.ack_timeout(job.timeout_s, attempt + 1),
+                deadline=now + self.first_window(job, attempt + 1),
             )
+        state.emit(event, out)
+
+    def first_window(self, job: JobRecord, attempt: int) -> float:
+        """Seconds from the start of `attempt` to its first deadline: its ack timeout, or
+        the job's hard time limit if that is shorter."""
+        timeout = (
+            job.timeout_s
+            if attempt == 1
+            else self._state.config.ack_timeout(job.timeout_s, attempt)
+        )
+        max_run = job.max_run_s
+        return max_run if max_run is not None and max_run < timeout else timeout
+
+    def _stop_at_time_limit(
+        self, job: JobRecord, worker_id: str, now: float, out: list[Event]
+    ) -> None:
+        """The attempt ran for its whole `max_run_s`: a failed attempt (`time_limit`),
+        retried after its retry delay if attempts are left, else dead-lettered. Its worker
+        is told to stop (by the API, which sees the event)."""
+        state = self._state
+        attempt = job.attempts
+        error = (
+            f"attempt {attempt} of {job.max_attempts} reached its time limit of "
+            f"{job.max_run_s:g}s on worker {worker_id}"
+        )
+        event: Event
+        if attempt >= job.max_attempts:
+            event = DeadLettered(
+                epoch=state.fence.epoch, at=now, job_id=job.id, reason=DeadReason.TIME_LIMIT,
+                worker_id=worker_id, attempt=attempt, error=error,
+            )  # fmt: skip
+        else:
+            event = Requeued(
+                epoch=state.fence.epoch, at=now, job_id=job.id,
+                reason=RequeueReason.TIME_LIMIT, worker_id=worker_id, attempt=attempt,
+                error=error, seq=state._front_seq, not_before=self.retry_at(job, now),
+            )  # fmt: skip
         state.emit(event, out)
 
     def dispatch(self, now: float) -> list[Event]:
@@ -251,6 +320,9 @@ class Scheduler:
             timeout = (
                 job.timeout_s if attempt == 1 else state.config.ack_timeout(job.timeout_s, attempt)
             )
+            max_run = job.max_run_s
+            if max_run is not None and max_run < timeout:
+                timeout = max_run
             event = new_assigned(
                 epoch,
                 now,

@@ -20,6 +20,7 @@ from typing import Any
 
 from dispatch.core.errors import RejectCode, Rejected
 from dispatch.core.events import (
+    Cancelled,
     DeadLettered,
     Event,
     JobHeartbeat,
@@ -218,7 +219,10 @@ class SettlementCommands:
         """The attempt failed. Permanent: dead-letter at once. Retryable: requeue (in front of
         its client's later jobs) for attempt + 1, not runnable before its retry delay
         (`retry_after_s` if the worker gave one, else the job's retry policy), or dead-letter
-        if no attempt is left. Repeating a failure that dead-lettered the job returns []."""
+        if no attempt is left. Repeating a failure that dead-lettered the job returns [].
+
+        A job whose cancel was requested ends `cancelled` instead, whatever the failure: its
+        worker stopped it, as asked."""
         try:
             retry_after_s = check_retry_after(retry_after_s)
         except ValueError as problem:
@@ -240,7 +244,13 @@ class SettlementCommands:
         holder = job.worker_id or ""
         out: list[Event] = []
         event: Event
-        if not retryable or job.attempts >= job.max_attempts:
+        if job.cancel_requested_at is not None:
+            reason = f"{job.error}; the worker stopped"
+            event = Cancelled(
+                epoch=state.fence.epoch, at=now, job_id=job_id, worker_id=holder,
+                attempt=attempt, reason=f"{reason}: {error}" if error else reason,
+            )  # fmt: skip
+        elif not retryable or job.attempts >= job.max_attempts:
             reason = DeadReason.RETRIES_EXHAUSTED if retryable else DeadReason.PERMANENT_FAILURE
             event = DeadLettered(
                 epoch=state.fence.epoch,
@@ -279,12 +289,18 @@ class SettlementCommands:
         owner: str | None = None,
     ) -> list[Event]:
         """The worker is still on the job: its deadline becomes now + the attempt's timeout
-        (never earlier than it was). Also counts as the worker's heartbeat."""
+        (never earlier than it was), but never past the attempt's hard time limit
+        (`run_limit_at`), and not at all once a cancel was requested (the worker has its
+        grace to stop, no more). Also counts as the worker's heartbeat."""
         job = self._current(job_id, attempt, lease, worker_id, owner=owner, repeat_of=None)
         assert job is not None and job.deadline is not None  # a running job has a deadline
         state = self._state
         now = state.advance_to(now)
         extended = now + state.config.ack_timeout(job.timeout_s, job.attempts)
+        if job.run_limit_at is not None and job.run_limit_at < extended:
+            extended = job.run_limit_at
+        if job.cancel_requested_at is not None:
+            extended = job.deadline
         out: list[Event] = []
         event = JobHeartbeat(
             epoch=state.fence.epoch,

@@ -24,6 +24,7 @@ from dispatch.core.errors import InvalidTransition
 from dispatch.core.events import (
     Assigned,
     Cancelled,
+    CancelRequested,
     Completed,
     CreditGranted,
     DeadLettered,
@@ -114,6 +115,7 @@ class DispatcherState:
             Completed: self._on_completed,
             Requeued: self._on_requeued,
             DeadLettered: self._on_dead_lettered,
+            CancelRequested: self._on_cancel_requested,
             Cancelled: self._on_cancelled,
             Expired: self._on_expired,
             Redriven: self._on_redriven,
@@ -417,20 +419,41 @@ class DispatcherState:
         self._counts["dead"] += 1
         self._dead[job.id] = job
 
+    def _on_cancel_requested(self, event: CancelRequested) -> None:
+        job = self._jobs.get(event.job_id)
+        previous_deadline = None if job is None else job.deadline
+        job = reducer.cancel_requested(job, event)
+        if event.deadline != previous_deadline:
+            self._deadlines.push(event.deadline, job, self._counts[_RUNNING_KEY])
+
     def _on_cancelled(self, event: Cancelled) -> None:
         job = self._jobs.get(event.job_id)
-        delayed = job is not None and job.status is _QUEUED and self._is_delayed(job)
-        job = reducer.cancelled(job, event)
-        self._unqueue(job, delayed)
-        self._counts["cancelled"] += 1
-        self._finished.append(job)
+        if event.worker_id is not None:
+            job = reducer.cancelled(job, event)
+            # Not counted as a sign of life, even when the worker confirmed: the event does
+            # not say which (a passed grace, a lost worker), and a replay must agree.
+            self._stop_running(job, event.worker_id, event.at, alive=False)
+            self._finish(job)
+            return
+        self._end_queued(job, event, reducer.cancelled)
 
     def _on_expired(self, event: Expired) -> None:
-        job = self._jobs.get(event.job_id)
+        self._end_queued(self._jobs.get(event.job_id), event, reducer.expired)
+
+    def _end_queued(
+        self,
+        job: JobRecord | None,
+        event: Any,
+        transition: Callable[[JobRecord | None, Any], JobRecord],
+    ) -> None:
+        """A queued job ended without running (cancelled, expired)."""
         delayed = job is not None and job.status is _QUEUED and self._is_delayed(job)
-        job = reducer.expired(job, event)
+        job = transition(job, event)
         self._unqueue(job, delayed)
-        self._counts["expired"] += 1
+        self._finish(job)
+
+    def _finish(self, job: JobRecord) -> None:
+        self._counts[job.status.value] += 1
         self._finished.append(job)
 
     def _unqueue(self, job: JobRecord, delayed: bool) -> None:

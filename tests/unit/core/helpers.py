@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
 
 from dispatch.core import (
     Assigned,
     CoreConfig,
     Dispatcher,
     Event,
+    JobRecord,
     Reassigned,
     SubmitRequest,
 )
@@ -61,3 +62,59 @@ def ack(
     dispatcher: Dispatcher, event: Assigned | Reassigned, now: float, result: Any = None
 ) -> list[Event]:
     return dispatcher.ack(event.job_id, event.attempt, event.lease, now, result=result)
+
+
+def check_replay(dispatcher: Dispatcher, events: Iterable[Event]) -> None:
+    """All of `dispatcher`'s events, replayed on an empty dispatcher (through their dicts),
+    give the same state, and folding each job's events alone gives the same records."""
+    from dispatch.core import (
+        JobEvent,
+        check_invariants,
+        event_from_dict,
+        fold_job_events,
+        state_view,
+    )
+
+    events = [event_from_dict(event.to_dict()) for event in events]
+    replica = Dispatcher(dispatcher.config)
+    replica.apply_all(events)
+    check_invariants(dispatcher)
+    check_invariants(replica)
+    assert state_view(replica) == state_view(dispatcher)
+    for job in dispatcher.jobs():
+        own = [e for e in events if isinstance(e, JobEvent) and e.job_id == job.id]
+        folded = fold_job_events(None, own)
+        assert folded is not None and folded.to_dict() == job.to_dict(), job.id
+
+
+class Run:
+    """A dispatcher and every event it returned, to check a replay of them against it
+    (`check`). `defaults` are config values a test module gives all its runs."""
+
+    defaults: ClassVar[Mapping[str, Any]] = {}
+    credits = 1
+    """The credit worker `w` joins with."""
+
+    def __init__(self, **config: Any) -> None:
+        self.core = make(**{**self.defaults, **config})
+        self.log: list[Event] = []
+
+    def __call__(self, events: list[Event]) -> list[Event]:
+        self.log += events
+        return events
+
+    def start(self, job_id: str = "j1", credits: int | None = None, **fields: Any) -> Assigned:
+        """Submit `job_id` and start it on worker `w` (joined on the first call)."""
+        if self.core.worker("w") is None:
+            self(worker(self.core, "w", credits=self.credits if credits is None else credits))
+        (assigned,) = assignments(self(self.core.submit(request(job_id, **fields), T0)))
+        assert isinstance(assigned, Assigned)
+        return assigned
+
+    def job(self, job_id: str = "j1") -> JobRecord:
+        job = self.core.job(job_id)
+        assert job is not None
+        return job
+
+    def check(self) -> None:
+        check_replay(self.core, self.log)

@@ -17,6 +17,7 @@ from typing import Any
 from dispatch.core import (
     Assigned,
     Cancelled,
+    CancelRequested,
     Completed,
     CoreConfig,
     CreditGranted,
@@ -91,6 +92,10 @@ class MJob:
     dead_reason: str | None = None
     retry: RetryPolicy | None = None
     expires_at: float | None = None
+    submitted_at: float = 0.0
+    max_run_s: float | None = None
+    run_limit_at: float | None = None
+    cancel_requested_at: float | None = None
 
 
 @dataclass
@@ -115,6 +120,9 @@ class Model:
         self.leases: set[str] = set()
         self.retry_after: float | None = None
         """The delay the worker asked for in the `fail` being absorbed (None: the policy)."""
+        self.cancel_by: str | None = None
+        self.cancel_reason = ""
+        """Who asked for the `cancel`/`cancel_where` being absorbed, and why."""
 
     # --- questions the rules answer -------------------------------------------------------
 
@@ -171,7 +179,45 @@ class Model:
         return expiry is not None and worker.last_seen + expiry <= self.clock
 
     def timeout(self, job: MJob, attempt: int) -> float:
+        """The ack timeout of `attempt` (what a heartbeat extends the deadline by)."""
         return backoff(job.timeout_s, attempt, self.config)
+
+    def first_window(self, job: MJob, attempt: int) -> float:
+        """From the start of `attempt` to its first deadline: its timeout, or the hard
+        limit if that is shorter."""
+        timeout = self.timeout(job, attempt)
+        return timeout if job.max_run_s is None else min(timeout, job.max_run_s)
+
+    def max_run_for_exec(self, exec_name: str) -> float | None:
+        for pattern, seconds in self.config.max_run_by_exec:
+            if pattern_matches(pattern, exec_name):
+                return seconds
+        return self.config.max_run_s
+
+    def at_time_limit(self, job: MJob) -> bool:
+        """The running job's deadline is its hard limit: reaching it is `time_limit`."""
+        return (
+            job.run_limit_at is not None
+            and job.deadline is not None
+            and job.run_limit_at <= job.deadline <= self.clock
+        )
+
+    def cancel_candidates(
+        self,
+        exec_pattern: str | None,
+        client: str | None,
+        statuses: frozenset[str],
+    ) -> list[MJob]:
+        """What `cancel_where` picks, oldest submission first (before its limit)."""
+        chosen = [
+            job
+            for job in self.jobs.values()
+            if job.status in statuses
+            and job.cancel_requested_at is None
+            and (client is None or job.client == client)
+            and (exec_pattern is None or pattern_matches(exec_pattern, job.exec))
+        ]
+        return sorted(chosen, key=lambda job: (job.submitted_at, job.id))
 
     # --- checks after a command -----------------------------------------------------------
 
@@ -186,6 +232,7 @@ class Model:
         for job in self.jobs.values():
             if job.status == "running":
                 assert job.deadline is not None and job.deadline > self.clock, job
+                assert (job.run_limit_at is None) == (job.max_run_s is None), job
         for worker in self.workers.values():
             assert not self.silent(worker), f"silent worker {worker.id} was kept"
         for job in self.jobs.values():
@@ -226,6 +273,8 @@ class Model:
             updated_at=event.at,
             retry=event.retry,
             expires_at=event.expires_at,
+            submitted_at=event.at,
+            max_run_s=event.max_run_s,
         )
 
     def _absorb_assigned(self, event: Assigned, context: str, subject: str | None) -> None:
@@ -245,7 +294,7 @@ class Model:
             assert other.priority <= job.priority, f"{other.id} has a higher priority"
             if other.priority == job.priority and other.client == job.client:
                 assert other.seq > job.seq, f"{other.id} is ahead of {job.id} in its queue"
-        assert event.deadline == event.at + self.timeout(job, event.attempt)
+        assert event.deadline == event.at + self.first_window(job, event.attempt)
         self._take_lease(event.lease)
         worker.credit -= 1
         worker.running.append(job.id)
@@ -255,12 +304,21 @@ class Model:
         job.lease = event.lease
         job.deadline = event.deadline
         job.updated_at = event.at
+        job.run_limit_at = None if job.max_run_s is None else event.at + job.max_run_s
+        self._check_limit(job)
+
+    def _check_limit(self, job: MJob) -> None:
+        """No deadline past the attempt's hard limit (there is no failover here)."""
+        if job.run_limit_at is not None:
+            assert job.deadline is not None and job.deadline <= job.run_limit_at, job
 
     def _absorb_reassigned(self, event: Reassigned, context: str, subject: str | None) -> None:
         assert context == "tick"
         job = self.jobs[event.job_id]
         assert job.status == "running" and job.deadline is not None
         assert job.deadline <= self.clock, "reassigned before its deadline"
+        assert job.cancel_requested_at is None, "a cancelling job ends cancelled at its deadline"
+        assert not self.at_time_limit(job), "an attempt at its time limit is requeued"
         assert self.retry_at(job, None) is None, "reassigned at once despite a retry delay"
         assert not self.is_expired(job), "an expired job starts no new attempt"
         assert event.previous_worker_id == job.worker
@@ -273,7 +331,7 @@ class Model:
             # The same worker only with room: its timed-out attempt still holds a slot.
             assert event.worker_id == previous.id and self.matches(previous, job.exec)
             assert previous.credit > 0
-        assert event.deadline == event.at + self.timeout(job, event.attempt)
+        assert event.deadline == event.at + self.first_window(job, event.attempt)
         self._take_lease(event.lease)
         worker = self.workers[event.worker_id]
         if event.worker_id != previous.id:
@@ -285,6 +343,8 @@ class Model:
         job.lease = event.lease
         job.deadline = event.deadline
         job.updated_at = event.at
+        job.run_limit_at = None if job.max_run_s is None else event.at + job.max_run_s
+        self._check_limit(job)
 
     def _stop(self, job: MJob, worker_id: str, alive: bool) -> None:
         assert job.status == "running" and job.worker == worker_id
@@ -293,6 +353,8 @@ class Model:
         if alive:
             worker.last_seen = self.clock
         job.deadline = None
+        job.run_limit_at = None
+        job.cancel_requested_at = None
         job.updated_at = self.clock
 
     def _absorb_requeued(self, event: Requeued, context: str, subject: str | None) -> None:
@@ -300,15 +362,19 @@ class Model:
         assert event.attempt == job.attempts < job.max_attempts
         reason = event.reason.value
         worker = self.workers[event.worker_id]
+        assert job.cancel_requested_at is None, "a cancelling job ends cancelled, not requeued"
         if reason == "failed":
             assert context == "fail" and subject == job.id
         elif reason == "worker_lost":
             assert (context == "lose" and subject == worker.id) or (
                 context == "tick" and self.silent(worker)
             )
+        elif reason == "time_limit":
+            assert context == "tick" and self.at_time_limit(job), (event, job)
         else:
             assert reason == "timeout" and context == "tick"
             assert job.deadline is not None and job.deadline <= self.clock
+            assert not self.at_time_limit(job), "a deadline at the limit is a time_limit"
             if self.retry_at(job, None) is None and not self.is_expired(job):
                 # No delay: requeued only when nobody could take it at once.
                 assert self.best_worker(job.exec, exclude=worker.id) is None
@@ -333,6 +399,7 @@ class Model:
         job = self.jobs[event.job_id]
         assert event.attempt == job.attempts
         reason = event.reason.value
+        assert job.cancel_requested_at is None, "a cancelling job ends cancelled, not dead"
         if reason == "permanent_failure":
             assert context == "fail" and subject == job.id
         elif reason == "retries_exhausted":
@@ -342,10 +409,14 @@ class Model:
             assert (context == "lose" and subject == event.worker_id) or (
                 context == "tick" and self.silent(self.workers[event.worker_id])
             )
+        elif reason == "time_limit":
+            assert context == "tick" and job.attempts == job.max_attempts
+            assert self.at_time_limit(job), (event, job)
         else:
             assert reason == "ack_timeout" and context == "tick"
             assert job.attempts == job.max_attempts
             assert job.deadline is not None and job.deadline <= self.clock
+            assert not self.at_time_limit(job), "a deadline at the limit is a time_limit"
         self._stop(job, event.worker_id, alive=reason in ("permanent_failure", "retries_exhausted"))
         job.status = "dead"
         job.dead_reason = reason
@@ -364,16 +435,62 @@ class Model:
         assert context == "heartbeat" and subject == event.job_id
         job = self.jobs[event.job_id]
         assert job.status == "running" and job.deadline is not None
-        assert event.deadline == max(job.deadline, self.clock + self.timeout(job, job.attempts))
+        if job.cancel_requested_at is not None:
+            assert event.deadline == job.deadline, "a heartbeat does not extend a cancel's grace"
+        else:
+            extended = self.clock + self.timeout(job, job.attempts)
+            if job.run_limit_at is not None:
+                extended = min(extended, job.run_limit_at)
+            assert event.deadline == max(job.deadline, extended)
         job.deadline = event.deadline
+        self._check_limit(job)
         job.updated_at = event.at
         self.workers[event.worker_id].last_seen = event.at
 
-    def _absorb_cancelled(self, event: Cancelled, context: str, subject: str | None) -> None:
-        assert context == "cancel" and subject == event.job_id
+    def _absorb_cancel_requested(
+        self, event: CancelRequested, context: str, subject: str | None
+    ) -> None:
+        assert (context == "cancel" and subject == event.job_id) or context == "cancel_where"
         job = self.jobs[event.job_id]
-        assert job.status == "queued"
+        assert job.status == "running" and job.cancel_requested_at is None, job
+        assert (event.worker_id, event.attempt) == (job.worker, job.attempts)
+        assert job.deadline is not None
+        assert event.deadline == min(job.deadline, self.clock + self.config.cancel_grace_s)
+        assert (event.by, event.reason) == (self.cancel_by, self.cancel_reason)
+        job.cancel_requested_at = event.at
+        job.deadline = event.deadline
+        job.updated_at = event.at
+        # From now on the job shows why the cancel was asked, the start of its final reason.
+        asked = self.cancel_reason
+        job.error = f"cancelled while running: {asked}" if asked else "cancelled while running"
+        self._check_limit(job)
+
+    def _absorb_cancelled(self, event: Cancelled, context: str, subject: str | None) -> None:
+        job = self.jobs[event.job_id]
+        if event.worker_id is None:
+            assert (context == "cancel" and subject == event.job_id) or context == "cancel_where"
+            assert job.status == "queued" and event.attempt is None
+            assert (event.by, event.reason) == (self.cancel_by, self.cancel_reason)
+        else:
+            # A running job ends cancelled only after a cancel was asked for, and only when
+            # its worker confirms (fails the attempt), its grace passes, or it is lost.
+            assert job.status == "running" and job.cancel_requested_at is not None, job
+            assert (event.worker_id, event.attempt) == (job.worker, job.attempts)
+            assert event.by is None and event.reason
+            assert job.error is not None and event.reason.startswith(job.error + "; "), (
+                "the final reason keeps why the cancel was asked"
+            )
+            worker = self.workers[event.worker_id]
+            assert (
+                (context == "fail" and subject == job.id)
+                or (context == "lose" and subject == worker.id)
+                or (context == "tick" and self.silent(worker))
+                or (context == "tick" and job.deadline is not None and job.deadline <= self.clock)
+            ), (event, context, job)
+            self._stop(job, event.worker_id, alive=False)
         job.status = "cancelled"
+        if event.reason:
+            job.error = event.reason
         job.updated_at = event.at
 
     def _absorb_expired(self, event: Expired, context: str, subject: str | None) -> None:

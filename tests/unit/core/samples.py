@@ -5,6 +5,7 @@ from __future__ import annotations
 from dispatch.core import (
     Assigned,
     Cancelled,
+    CancelRequested,
     Completed,
     CreditGranted,
     DeadLettered,
@@ -46,6 +47,7 @@ SAMPLES: list[Event] = [
         seq=7,
         retry=RetryPolicy(delay_s=5.0, multiplier=3.0, max_delay_s=60.0, jitter=0.1),
         expires_at=3600.0,
+        max_run_s=120.0,
     ),
     Assigned(epoch=3, at=10.0, job_id="j1", worker_id="w1", attempt=1, lease="3.1", deadline=40.0),
     Reassigned(
@@ -86,6 +88,26 @@ SAMPLES: list[Event] = [
         error="bad input",
     ),
     Cancelled(epoch=3, at=60.0, job_id="j4"),
+    CancelRequested(
+        epoch=3,
+        at=70.0,
+        job_id="j6",
+        worker_id="w1",
+        attempt=2,
+        deadline=100.0,
+        by="ops-key",
+        reason="no longer needed",
+    ),
+    Cancelled(
+        epoch=3,
+        at=80.0,
+        job_id="j6",
+        worker_id="w1",
+        attempt=2,
+        by="ops-key",
+        reason="cancelled while running; the worker stopped",
+    ),
     Expired(epoch=3, at=60.0, job_id="j5", reason="expired at 60.000 before attempt 1 started"),
     Redriven(epoch=3, at=60.0, job_id="j3", seq=8),
+    Redriven(epoch=3, at=61.0, job_id="j4", seq=9, by="ops-key"),
 ]

@@ -68,3 +68,14 @@ def test_a_client_over_its_cap_is_caught() -> None:
     d.state._clients["default"].cap = 0
     with pytest.raises(AssertionError, match="cap"):
         check_caps(d)
+
+
+def test_a_running_job_without_its_run_limit_is_caught() -> None:
+    d = make()
+    worker(d, "w", credits=1)
+    d.submit(request("a", max_run_s=30.0), T0)
+    check_invariants(d)
+    job = d.state._jobs["a"]
+    job.run_limit_at = None
+    with pytest.raises(AssertionError, match="run_limit_at"):
+        check_invariants(d)

@@ -10,6 +10,7 @@ import pytest
 
 from dispatch.core import (
     Assigned,
+    CancelRequested,
     Dispatcher,
     Enqueued,
     JobStatus,
@@ -20,6 +21,7 @@ from dispatch.core import (
     state_view,
 )
 from dispatch.core.client_commands import ClientCommands
+from dispatch.core.job import public_status
 from dispatch.core.leader_commands import LeaderCommands
 from dispatch.core.queries import DispatcherQueries
 from dispatch.core.scheduler import Scheduler
@@ -134,16 +136,29 @@ def test_cancel_a_delayed_job() -> None:
     assert d.tick(T0 + 60) == []
 
 
-@pytest.mark.parametrize("status", ["running", "succeeded", "cancelled"])
-def test_cancel_of_a_job_that_is_not_queued_is_rejected(status: str) -> None:
+def test_cancel_of_a_running_job_asks_its_worker_to_stop() -> None:
+    """Not refused: the job stays running (`cancelling` to a user) until its worker stops."""
+    d = make(cancel_grace_s=5.0)
+    d.submit(request("j1"), T0)
+    assert assigned_ids(worker(d, "w", credits=1)) == ["j1"]
+    (requested,) = d.cancel("j1", T0 + 1)
+    assert isinstance(requested, CancelRequested)
+    assert (requested.worker_id, requested.attempt, requested.deadline) == ("w", 1, T0 + 6)
+    job = d.job("j1")
+    assert job is not None and job.status is JobStatus.RUNNING
+    assert public_status(job) == "cancelling" and job.cancel_requested_at == T0 + 1
+    assert d.cancel("j1", T0 + 2) == [], "asking again changes nothing"
+
+
+@pytest.mark.parametrize("status", ["succeeded", "cancelled"])
+def test_cancel_of_a_finished_job_is_rejected(status: str) -> None:
     d = make()
     d.submit(request("j1"), T0)
     if status == "cancelled":
         d.cancel("j1", T0)
     else:
         (assigned,) = assignments(worker(d, "w", credits=1))
-        if status == "succeeded":
-            ack(d, assigned, T0)
+        ack(d, assigned, T0)
     with pytest.raises(Rejected) as caught:
         d.cancel("j1", T0)
     assert caught.value.code is RejectCode.NOT_CANCELLABLE and caught.value.http_status == 409

@@ -33,6 +33,7 @@ from hypothesis.stateful import (
 
 from dispatch.core import (
     Cancelled,
+    CancelRequested,
     Completed,
     CoreConfig,
     CreditGranted,
@@ -43,6 +44,7 @@ from dispatch.core import (
     JobEvent,
     JobHeartbeat,
     JobRecord,
+    JobStatus,
     LeaderElected,
     Pruned,
     Redriven,
@@ -62,6 +64,7 @@ from dispatch.core import (
     state_view,
 )
 from dispatch.core.checks import check_caps, check_work_conserving
+from dispatch.core.client_commands import MAX_REASON_LENGTH
 from dispatch.core.leases import seeded_lease_tokens
 from tests.unit.core.reference_model import Model
 
@@ -77,6 +80,10 @@ CONFIG = CoreConfig(
     # mail's, which retry at once (and so are reassigned at once when they time out).
     retry=RetryPolicy(delay_s=2.0, multiplier=2.0, max_delay_s=7.0, jitter=0.5),
     retry_by_exec=(("mail.*", RetryPolicy()),),
+    # Crops have a hard time limit unless the job sets one; a cancelled running job's
+    # worker has 4 s to stop (shorter than most deadlines, longer than some).
+    max_run_by_exec=(("img.crop", 20.0),),
+    cancel_grace_s=4.0,
 )
 # A job's own retry policy (some fields; the rest from its exec's).
 RETRY_CHOICES = [None, None, {"delay_s": 1.0}, {"delay_s": 3.0, "jitter": 1.0}, {"delay_s": 0.0}]
@@ -108,6 +115,17 @@ LEASE_CHOICES = [
 # A settling rule's job: any id, or (an index) one of the jobs assigned so far, so that the
 # wrong-lease and wrong-owner choices meet jobs that have a lease.
 SETTLE_TARGETS = st.one_of(st.sampled_from(JOB_IDS), st.integers(0, len(JOB_IDS) - 1))
+# A job's own hard time limit per attempt (None: its exec's default).
+MAX_RUN_CHOICES = [None, None, 5.0, 12.0]
+# Who cancels (an API key's name, or None) and why; the last reason is too long.
+CANCEL_BY = [None, "ops", "k1"]
+CANCEL_REASONS = ["", "", "not needed", "x" * (MAX_REASON_LENGTH + 1)]
+CANCEL_PATTERNS = [None, None, "img.*", "img.>", "mail.send", ">", "*.crop"]
+CANCEL_STATUSES = [
+    frozenset({JobStatus.QUEUED, JobStatus.RUNNING}),
+    frozenset({JobStatus.QUEUED}),
+    frozenset({JobStatus.RUNNING}),
+]
 
 
 class DispatcherMachine(RuleBasedStateMachine):
@@ -217,6 +235,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         timeout=st.sampled_from([None, None, 4.0]),
         retry=st.sampled_from(RETRY_CHOICES),
         ttl=st.sampled_from([None, None, 0.0, 2.0, 8.0]),
+        max_run=st.sampled_from(MAX_RUN_CHOICES),
     )
     def submit(
         self,
@@ -229,6 +248,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         timeout: float | None,
         retry: dict[str, float] | None,
         ttl: float | None,
+        max_run: float | None,
     ) -> None:
         # ttl 0: an absolute expiry already passed (a record read late); the others: ttl_s.
         expires_at = self.now - 1.0 if ttl == 0.0 else None
@@ -244,6 +264,7 @@ class DispatcherMachine(RuleBasedStateMachine):
             retry=retry,
             ttl_s=ttl or None,
             expires_at=expires_at,
+            max_run_s=max_run,
         )
         known = job_id in self.model.jobs
         before = self.core.job(job_id)
@@ -259,6 +280,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         assert first.timeout_s == (timeout or CONFIG.ack_timeout_s)
         assert first.not_before == (self.now + delay if delay else None)
         assert first.expires_at == (self.now + ttl if ttl else expires_at)
+        assert first.max_run_s == (max_run or self.model.max_run_for_exec(exec_name))
         if retry is None:
             assert first.retry is None
         else:
@@ -278,31 +300,93 @@ class DispatcherMachine(RuleBasedStateMachine):
         fresh = list(dict.fromkeys(job_id for job_id in job_ids if job_id not in self.model.jobs))
         events = self.run("submit", None, lambda: self.core.submit_many(requests, self.now))
         assert isinstance(events, list)
-        assert [event.job_id for event in events if isinstance(event, Enqueued)] == fresh
+        enqueued = [event for event in events if isinstance(event, Enqueued)]
+        assert [event.job_id for event in enqueued] == fresh
+        assert all(e.max_run_s == self.model.max_run_for_exec(exec_name) for e in enqueued)
 
-    @rule(job_id=st.sampled_from([*JOB_IDS, "nope"]))
-    def cancel(self, job_id: str) -> None:
+    @rule(
+        job_id=st.one_of(st.sampled_from([*JOB_IDS, "nope"]), st.integers(0, len(JOB_IDS) - 1)),
+        by=st.sampled_from(CANCEL_BY),
+        reason=st.sampled_from(CANCEL_REASONS),
+    )
+    def cancel(self, job_id: str | int, by: str | None, reason: str) -> None:
+        """A queued job ends at once; a running one is asked to stop (once)."""
+        job_id = self.target_job(job_id)
         job = self.model.jobs.get(job_id)
         status = None if job is None else job.status
-        result = self.run("cancel", job_id, lambda: self.core.cancel(job_id, self.now))
+        cancelling = job is not None and job.cancel_requested_at is not None
+        self.model.cancel_by, self.model.cancel_reason = by, reason
+        result = self.run(
+            "cancel", job_id, lambda: self.core.cancel(job_id, self.now, by=by, reason=reason)
+        )
         if status is None:
             assert isinstance(result, Rejected) and result.code is RejectCode.NOT_FOUND
+        elif len(reason) > MAX_REASON_LENGTH:
+            assert isinstance(result, Rejected) and result.code is RejectCode.INVALID
         elif status == "queued":
             assert isinstance(result, list) and [type(event) for event in result] == [Cancelled]
+        elif status == "running":
+            expected = [] if cancelling else [CancelRequested]
+            assert isinstance(result, list) and [type(event) for event in result] == expected
         else:
             assert isinstance(result, Rejected) and result.code is RejectCode.NOT_CANCELLABLE
 
-    @rule(job_id=st.sampled_from([*JOB_IDS, "nope"]))
-    def redrive(self, job_id: str) -> None:
+    @rule(
+        exec_pattern=st.sampled_from(CANCEL_PATTERNS),
+        client=st.sampled_from([None, None, *CLIENTS]),
+        statuses=st.sampled_from(CANCEL_STATUSES),
+        limit=st.sampled_from([1, 1, 2, 10_000]),
+        by=st.sampled_from(CANCEL_BY),
+        reason=st.sampled_from(CANCEL_REASONS),
+    )
+    def cancel_where(
+        self,
+        exec_pattern: str | None,
+        client: str | None,
+        statuses: frozenset[JobStatus],
+        limit: int,
+        by: str | None,
+        reason: str,
+    ) -> None:
+        """Bulk cancel: the model predicts exactly which jobs, in which order."""
+        chosen = self.model.cancel_candidates(
+            exec_pattern, client, frozenset(status.value for status in statuses)
+        )[:limit]
+        expected = [
+            (CancelRequested if job.status == "running" else Cancelled, job.id) for job in chosen
+        ]
+        self.model.cancel_by, self.model.cancel_reason = by, reason
+        result = self.run(
+            "cancel_where",
+            None,
+            lambda: self.core.cancel_where(
+                self.now,
+                exec_pattern=exec_pattern,
+                client_id=client,
+                statuses=statuses,
+                limit=limit,
+                by=by,
+                reason=reason,
+            ),
+        )
+        if len(reason) > MAX_REASON_LENGTH:
+            assert isinstance(result, Rejected) and result.code is RejectCode.INVALID
+            return
+        assert isinstance(result, list)
+        assert [(type(event), event.job_id) for event in result] == expected  # type: ignore[attr-defined]
+
+    @rule(job_id=st.sampled_from([*JOB_IDS, "nope"]), by=st.sampled_from([None, "ops-key"]))
+    def redrive(self, job_id: str, by: str | None) -> None:
         was = self.model.jobs.get(job_id)
         status = None if was is None else was.status
-        result = self.run("redrive", job_id, lambda: self.core.redrive(job_id, self.now))
+        result = self.run("redrive", job_id, lambda: self.core.redrive(job_id, self.now, by=by))
         if status is None:
             assert isinstance(result, Rejected) and result.code is RejectCode.NOT_FOUND
         elif status != "dead":
             assert isinstance(result, Rejected) and result.code is RejectCode.NOT_DEAD
         else:
             assert isinstance(result, list) and isinstance(result[0], Redriven)
+            assert result[0].by == by, "the redrive records who asked"
             assert self.model.jobs[job_id].attempts in (0, 1)
 
     @rule(age=st.sampled_from([0.0, 5.0, 30.0, 1e9]), keep=st.sampled_from([None, 0, 1, 3]))
@@ -380,7 +464,7 @@ class DispatcherMachine(RuleBasedStateMachine):
             assert isinstance(result, Rejected) and result.code is RejectCode.UNKNOWN_WORKER
             return
         assert isinstance(result, list)
-        settled = [e.job_id for e in result if isinstance(e, Requeued | DeadLettered)]
+        settled = [e.job_id for e in result if isinstance(e, Requeued | DeadLettered | Cancelled)]
         assert set(settled) == holding, "every job of the lost worker is requeued at once"
         assert isinstance(result[len(settled)], WorkerLost)
         assert worker not in self.model.workers and self.core.worker(worker) is None
@@ -432,6 +516,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         expected = self.expect_settlement(job_id, attempt, lease, worker_id, owner)
         job = self.model.jobs.get(job_id)
         last_attempt = job is not None and job.attempts >= job.max_attempts
+        cancelling = job is not None and job.cancel_requested_at is not None
         self.model.retry_after = retry_after
         result = self.run(
             "fail",
@@ -452,6 +537,12 @@ class DispatcherMachine(RuleBasedStateMachine):
         if expected == "current":
             assert isinstance(result, list)
             first = result[0]
+            if cancelling:
+                # The worker stopped, as asked: cancelled, whatever the failure.
+                assert isinstance(first, Cancelled) and first.worker_id is not None
+                assert f"boom {job_id}" in first.reason
+                assert self.model.jobs[job_id].error == first.reason
+                return
             if not retryable:
                 assert isinstance(first, DeadLettered)
                 assert first.reason.value == "permanent_failure"
@@ -551,6 +642,12 @@ class DispatcherMachine(RuleBasedStateMachine):
             )
             dead_reason = None if job.dead_reason is None else job.dead_reason.value
             assert dead_reason == mine.dead_reason
+            assert (job.max_run_s, job.run_limit_at, job.cancel_requested_at) == (
+                mine.max_run_s,
+                mine.run_limit_at,
+                mine.cancel_requested_at,
+            )
+            assert job.submitted_at == mine.submitted_at
         workers = {record.worker_id: record for record in self.core.workers()}
         assert set(workers) == set(model.workers)
         for worker_id, record in workers.items():

@@ -8,12 +8,20 @@ from typing import Any
 
 import pytest
 
-from dispatch.core import EVENT_TYPES, Assigned, JobEvent, WorkerJoined, event_from_dict
+from dispatch.core import (
+    EVENT_TYPES,
+    Assigned,
+    Cancelled,
+    Enqueued,
+    JobEvent,
+    WorkerJoined,
+    event_from_dict,
+)
 from tests.unit.core.samples import SAMPLES
 
 
 def test_every_event_type_has_a_sample() -> None:
-    assert sorted(type(event).type for event in SAMPLES) == sorted(EVENT_TYPES)
+    assert {type(event).type for event in SAMPLES} == set(EVENT_TYPES)
 
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda event: event.type)
@@ -34,6 +42,7 @@ def test_job_events_carry_the_job_id() -> None:
         "completed",
         "requeued",
         "dead_lettered",
+        "cancel_requested",
         "cancelled",
         "expired",
         "redriven",
@@ -114,6 +123,26 @@ def _assigned(**changes: Any) -> dict[str, Any]:
             },
             r"enqueued\.exec",
         ),
+        (
+            {"type": "cancelled", "epoch": 0, "at": 0, "job_id": "j", "worker_id": "w"},
+            r"cancelled\.attempt: a running job's cancel names both",
+        ),
+        (
+            {"type": "cancelled", "epoch": 0, "at": 0, "job_id": "j", "attempt": 1},
+            r"cancelled\.attempt",
+        ),
+        (
+            {
+                "type": "cancel_requested",
+                "epoch": 0,
+                "at": 0,
+                "job_id": "j",
+                "worker_id": "w",
+                "attempt": 0,
+                "deadline": 1,
+            },
+            r"cancel_requested\.attempt",
+        ),
     ],
 )
 def test_malformed_input_names_the_bad_field(data: dict[str, Any], message: str) -> None:
@@ -145,3 +174,24 @@ def test_a_join_carries_its_owner_and_one_without_is_written_as_before() -> None
     assert event_from_dict(plain.to_dict()) == plain
     with pytest.raises(ValueError, match=r"worker_joined\.owner"):
         event_from_dict({**plain.to_dict(), "owner": 7})
+
+
+def test_a_queued_jobs_cancel_is_written_as_before_and_old_ones_still_parse() -> None:
+    old = {"type": "cancelled", "epoch": 2, "at": 5.0, "job_id": "j"}
+    event = event_from_dict(old)
+    assert isinstance(event, Cancelled)
+    assert (event.worker_id, event.attempt, event.by, event.reason) == (None, None, None, "")
+    assert event.to_dict() == old
+    by_key = Cancelled(epoch=2, at=5.0, job_id="j", by="ops", reason="purge")
+    assert by_key.to_dict() == {**old, "by": "ops", "reason": "purge"}
+    assert event_from_dict(by_key.to_dict()) == by_key
+
+
+def test_an_enqueued_without_a_time_limit_is_written_as_before() -> None:
+    enqueued = next(e for e in SAMPLES if isinstance(e, Enqueued))
+    plain = dataclasses.replace(enqueued, max_run_s=None, retry=None, expires_at=None)
+    assert not {"max_run_s", "retry", "expires_at"} & set(plain.to_dict())
+    assert event_from_dict(plain.to_dict()) == plain
+    assert enqueued.to_dict()["max_run_s"] == 120.0
+    with pytest.raises(ValueError, match=r"enqueued\.max_run_s"):
+        event_from_dict({**enqueued.to_dict(), "max_run_s": 0})

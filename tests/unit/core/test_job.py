@@ -82,7 +82,7 @@ def _with(**changes: Any) -> dict[str, Any]:
         (_with(attempts=-1), r"job\.attempts"),
         (_with(attempts=4), r"attempts: 4 exceeds max_attempts 3"),
         (_with(lease=None), r"lease: required while running"),
-        (_with(status="queued"), r"deadline: only a running job has a deadline"),
+        (_with(status="queued"), r"deadline: only a running job has one"),
         (_with(status="queued", deadline=None), r"worker_id: a queued job has no worker"),
         (_with(status="dead", deadline=None), r"dead_reason: set exactly when the job is dead"),
         (_with(exec="a..b"), r"job\.exec"),

@@ -76,7 +76,8 @@ def replay(
         typer.Option(
             "--set",
             help="A setting for the replay, key=value (repeatable): dispatcher.default_cap=50, "
-            "dispatcher.caps.acme=10, dispatcher.ack_timeout_s=5, jobs.exec_priority.EXEC=3...",
+            "dispatcher.caps.acme=10, dispatcher.ack_timeout_s=5, dispatcher.max_run_s=600, "
+            "jobs.exec_priority.EXEC=3...",
         ),
     ] = None,
     workers: Annotated[

@@ -50,6 +50,8 @@ def _unjson(text: str | None) -> Any:
 
 JOB_RECORD_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(JobRecord))
 """The columns of `jobs` that are `JobRecord.to_dict()` (payload and result as JSON text)."""
+_LATER_NUMBERS = ("expires_at", "max_run_s", "run_limit_at", "cancel_requested_at")
+"""Number columns `JobRecord.to_dict` leaves out when unset (the rows always have them)."""
 
 
 def job_row(group: str, state: JobState) -> dict[str, Any]:
@@ -59,7 +61,8 @@ def job_row(group: str, state: JobState) -> dict[str, Any]:
     row["result"] = _json(row["result"])
     # Left out of `to_dict` when unset; the columns are always there.
     row["retry"] = _json(row.get("retry"))
-    row.setdefault("expires_at", None)
+    for name in _LATER_NUMBERS:
+        row.setdefault(name, None)
     row["dispatch_group"] = group
     row["queued_at"] = state.queued_at
     row["started_at"] = state.started_at
@@ -101,7 +104,8 @@ def records_from_arrow(table: Any) -> list[JobRecord]:
     present = set(table.column_names)
     for name in JOB_RECORD_COLUMNS:  # JobRecord's fields in constructor order
         if name not in present:
-            # A column added after the table was written (`retry`, `expires_at`): unset.
+            # A column added after the table was written (`retry`, `expires_at`,
+            # `max_run_s`, ...): unset.
             columns.append([None] * table.num_rows)
             continue
         column = table.column(name)

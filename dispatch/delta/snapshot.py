@@ -73,8 +73,8 @@ def latest_snapshot(warehouse: Warehouse, group: str = "default") -> Snapshot | 
     # nothing, a million values each) and the group. The group is filtered after the read,
     # not pushed down: files delta-rs's MERGE wrote hold `string_view` columns, on which
     # pyarrow's pushed-down comparisons fail (see dispatch/delta_sql.py).
-    # A table the fold has not yet given its newer columns (`retry`, `expires_at`) is read
-    # without them: `records_from_arrow` takes them as unset.
+    # A table the fold has not yet given its newer columns (`retry`, `expires_at`,
+    # `max_run_s`, ...) is read without them: `records_from_arrow` takes them as unset.
     present = set(dataset.schema.names)
     columns = [name for name in JOB_RECORD_COLUMNS if name in present]
     read = dataset.to_table(columns=[*columns, "dispatch_group"])

@@ -8,7 +8,7 @@ by plain columns only.
 - `events`: one row per record of `dispatch.submit` and `dispatch.submit.rejected`, and per
   logged event of `dispatch.events`; partitioned by `date` (UTC day of the event).
 - `jobs`: one row per job the leader holds (current state); partitioned by `part`: `open`
-  (queued, running, dead) or `closed` (succeeded, cancelled).
+  (queued, running, dead) or `closed` (succeeded, cancelled, expired).
 - `jobs_archive`: one row per job life the leader pruned; partitioned by `date` (UTC day of
   its last update).
 - `stats`: one row per minute x dispatch group x exec x client; partitioned by `date`.
@@ -71,9 +71,14 @@ _JOB_FIELDS: list[tuple[str, pa.DataType]] = [
 _LATER_JOB_FIELDS: list[tuple[str, pa.DataType]] = [
     ("retry", pa.string()),
     ("expires_at", pa.float64()),
+    ("max_run_s", pa.float64()),
+    ("run_limit_at", pa.float64()),
+    ("cancel_requested_at", pa.float64()),
 ]
 """Columns of `jobs` and `jobs_archive` added after tables were in use (`retry`: the job's
-own retry policy as JSON; `expires_at`: when it expires). They sit after the other job
+own retry policy as JSON; `expires_at`: when it expires; `max_run_s`: the hard time limit
+of each attempt; `run_limit_at`: when the running attempt reaches it; `cancel_requested_at`:
+when a cancel of the running job was asked for). They sit after the other job
 columns and before the partition columns, in new tables and, through `ALTER TABLE ... ADD
 COLUMNS ... AFTER`, in old ones: delta-rs's MERGE misreports its file counts (0 files
 scanned, all skipped, while it rewrites some) when a table's partition column is not last,

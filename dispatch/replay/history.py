@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from dispatch.core.events import (
     Assigned,
     Cancelled,
+    CancelRequested,
     Completed,
     CreditGranted,
     DeadLettered,
@@ -28,7 +29,14 @@ from dispatch.core.events import (
 )
 from dispatch.core.job import DeadReason, RequeueReason
 from dispatch.core.subjects import assign_subject
-from dispatch.replay.model import Attempt, History, Outcome, RecordedJob, RecordedWorker
+from dispatch.replay.model import (
+    ANSWERING,
+    Attempt,
+    History,
+    Outcome,
+    RecordedJob,
+    RecordedWorker,
+)
 from dispatch.replay.slot_returns import SlotReturns
 
 
@@ -41,6 +49,12 @@ class _JobTrail:
     heartbeats: list[float] = field(default_factory=list)
     """The running attempt's job heartbeats, in seconds after its start."""
     cancelled_at: float | None = None
+    cancel_by: str | None = None
+    cancel_reason: str = ""
+    cancel_deadline: float | None = None
+    """The running attempt's deadline once a cancel of it was asked for (heartbeats no longer
+    move it): reaching it is its grace passing."""
+    cancel_stop_s: float | None = None
 
     def end_attempt(
         self, at: float, outcome: Outcome, order: int, retry_after_s: float | None = None
@@ -60,6 +74,7 @@ class _JobTrail:
             )
             self.started_at = None
             self.heartbeats.clear()
+        self.cancel_deadline = None
         return started_at
 
 
@@ -82,14 +97,26 @@ class _WorkerTrail:
 _DEAD_OUTCOMES = {
     DeadReason.PERMANENT_FAILURE: Outcome.FAILED_PERMANENT,
     DeadReason.RETRIES_EXHAUSTED: Outcome.FAILED,
+    DeadReason.TIME_LIMIT: Outcome.TIME_LIMIT,
 }
-_REQUEUE_OUTCOMES = {RequeueReason.FAILED: Outcome.FAILED}
+_REQUEUE_OUTCOMES = {
+    RequeueReason.FAILED: Outcome.FAILED,
+    RequeueReason.TIME_LIMIT: Outcome.TIME_LIMIT,
+}
+_HOLDING_REQUEUES = frozenset({RequeueReason.TIMEOUT, RequeueReason.TIME_LIMIT})
+_HOLDING_DEATHS = frozenset({DeadReason.ACK_TIMEOUT, DeadReason.TIME_LIMIT})
+"""Endings of an attempt whose worker still runs it: its slot comes back with its late
+answer (refused, not logged) and the credit after it."""
 
 
 class _Recorder:
     """Folds the log into job trails and worker trails."""
 
-    def __init__(self, since: float, until: float) -> None:
+    def __init__(
+        self, since: float, until: float, losses: frozenset[tuple[str, float]] = frozenset()
+    ) -> None:
+        self.losses = losses
+        """(worker id, time) of every worker loss in the read."""
         self.since = since
         self.until = until
         self.jobs: dict[str, _JobTrail] = {}
@@ -159,10 +186,10 @@ class _Recorder:
         if started_at is None:
             return
         attempt = (job.enqueued.job_id, len(job.attempts) - 1)
-        if outcome is not Outcome.STALLED:
-            self.slot_returns.settled(worker_id, attempt, started_at, at)
-        elif timed_out:
+        if timed_out:
             self.slot_returns.timed_out(worker_id, attempt, started_at)
+        elif outcome is not Outcome.STALLED:
+            self.slot_returns.settled(worker_id, attempt, started_at, at)
 
     def fold_job_event(self, event: JobEvent) -> None:
         if isinstance(event, Enqueued):
@@ -186,21 +213,51 @@ class _Recorder:
         elif isinstance(event, Requeued):
             self.release(event.worker_id)
             outcome = _REQUEUE_OUTCOMES.get(event.reason, Outcome.STALLED)
-            timed_out = event.reason is RequeueReason.TIMEOUT
+            timed_out = event.reason in _HOLDING_REQUEUES
             self.end(
                 job, event.at, outcome, event.worker_id,
                 timed_out=timed_out, retry_after_s=event.retry_after_s,
             )  # fmt: skip
         elif isinstance(event, DeadLettered):
             self.release(event.worker_id)
-            timed_out = event.reason is DeadReason.ACK_TIMEOUT
+            timed_out = event.reason in _HOLDING_DEATHS
             outcome = _DEAD_OUTCOMES.get(event.reason, Outcome.STALLED)
             self.end(job, event.at, outcome, event.worker_id, timed_out=timed_out)
         elif isinstance(event, JobHeartbeat):
             if job is not None and job.started_at is not None:
                 job.heartbeats.append(event.at - job.started_at)
+                if job.cancel_deadline is not None:
+                    job.cancel_deadline = event.deadline  # a failover moved it
+        elif isinstance(event, CancelRequested):
+            if job is not None:
+                job.cancelled_at, job.cancel_by, job.cancel_reason = (
+                    event.at,
+                    event.by,
+                    event.reason,
+                )
+                job.cancel_deadline = event.deadline
+        elif isinstance(event, Cancelled) and event.worker_id is not None:
+            self.cancelled_running(job, event, event.worker_id)
         elif isinstance(event, Cancelled) and job is not None:
-            job.cancelled_at = event.at
+            job.cancelled_at, job.cancel_by, job.cancel_reason = event.at, event.by, event.reason
+
+    def cancelled_running(self, job: _JobTrail | None, event: Cancelled, worker_id: str) -> None:
+        """A running job ended `cancelled`. Its worker confirmed (a failure of the attempt,
+        not logged as such); or its grace passed (the event comes at the attempt's deadline:
+        the worker still held it); or its worker was lost (the loss is logged at that same
+        instant)."""
+        self.release(worker_id)
+        if job is None:
+            return
+        deadline = job.cancel_deadline
+        if (worker_id, event.at) in self.losses:
+            self.end(job, event.at, Outcome.STALLED, worker_id)
+        elif deadline is not None and event.at >= deadline:
+            self.end(job, event.at, Outcome.STALLED, worker_id, timed_out=True)
+        else:
+            if job.cancelled_at is not None:
+                job.cancel_stop_s = max(0.0, event.at - job.cancelled_at)
+            self.end(job, event.at, Outcome.CANCELLED, worker_id)
 
 
 def recorded_history(
@@ -220,7 +277,10 @@ def recorded_history(
     ordered: Sequence[Event] = events if isinstance(events, Sequence) else list(events)
     start = since if since is not None else (ordered[0].at if ordered else 0.0)
     end = until if until is not None else math.inf
-    recorder = _Recorder(start - warmup_s, math.inf)
+    losses = frozenset(
+        (event.worker_id, event.at) for event in ordered if isinstance(event, WorkerLost)
+    )
+    recorder = _Recorder(start - warmup_s, math.inf, losses)
     for position, event in enumerate(ordered):
         recorder.position = position
         recorder.fold(event)
@@ -263,9 +323,7 @@ def _held_slots(
             continue
         if attempt.outcome is not Outcome.STALLED:
             continue
-        settled = next(
-            (later for later in out[index + 1 :] if later.outcome is not Outcome.STALLED), None
-        )
+        settled = next((later for later in out[index + 1 :] if later.outcome in ANSWERING), None)
         if settled is not None and settled.run_s > attempt.run_s:
             out[index] = replace(attempt, slot_s=settled.run_s)
     return tuple(out)
@@ -286,6 +344,10 @@ def _recorded_job(trail: _JobTrail, holds: SlotReturns) -> RecordedJob:
         cancelled_at=trail.cancelled_at,
         retry=enqueued.retry,
         expires_at=enqueued.expires_at,
+        max_run_s=enqueued.max_run_s,
+        cancel_by=trail.cancel_by,
+        cancel_reason=trail.cancel_reason,
+        cancel_stop_s=trail.cancel_stop_s,
     )
 
 

@@ -23,8 +23,22 @@ class Outcome(StrEnum):
     FAILED_PERMANENT = "failed_permanent"
     """The worker reported a permanent failure."""
     STALLED = "stalled"
-    """The worker never settled it: it timed out, or its worker was lost. In a replay such an
-    attempt holds its worker's slot for as long as it did in the recording and never acks."""
+    """The worker never settled it: it timed out, or its worker was lost (also while a cancel
+    of it was pending: its grace passed, or its worker went, before the worker confirmed). In
+    a replay such an attempt holds its worker's slot for as long as it did in the recording
+    and never acks."""
+    CANCELLED = "cancelled"
+    """Its job's cancel reached it while it ran and its worker stopped it (answered with a
+    failure, which ended the job `cancelled`). In a replay it never answers on its own: its
+    worker answers `RecordedJob.cancel_stop_s` after the cancel, as it did."""
+    TIME_LIMIT = "time_limit"
+    """It ran until its hard time limit (`max_run_s`) ended it (`requeued` or `dead_lettered`
+    with reason `time_limit`). In a replay it never answers on its own (like a stalled
+    attempt): the limit ends it again, or, under a longer limit, its ack timeout."""
+
+
+ANSWERING = frozenset({Outcome.COMPLETED, Outcome.FAILED, Outcome.FAILED_PERMANENT})
+"""Outcomes of attempts whose worker answers on its own, `run_s` after their start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +91,21 @@ class RecordedJob:
     """The attempts that ended within the read, in order (an attempt still running when the
     recording ends is left out: its outcome is unknown)."""
     cancelled_at: float | None = None
+    """When a cancel was asked for: of a queued job (it ended `cancelled` then), or of a
+    running one (`cancel_requested`: its worker was told to stop)."""
     retry: RetryPolicy | None = None
     """The job's own retry policy, as submitted (None: the replay policy's default)."""
     expires_at: float | None = None
+    max_run_s: float | None = None
+    """The hard time limit of its attempts, as enqueued (its own, or its exec's default then;
+    None: none)."""
+    cancel_by: str | None = None
+    """Who asked for its cancel (`cancelled_at`), as recorded."""
+    cancel_reason: str = ""
+    cancel_stop_s: float | None = None
+    """A cancel that reached it running: how long after the cancel its worker stopped the
+    attempt (None: it did not: the attempt completed anyway, its grace passed or its worker
+    was lost first, or it was not running)."""
 
 
 @dataclass(frozen=True, slots=True)

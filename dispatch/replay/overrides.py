@@ -1,7 +1,8 @@
 """`--set key=value`: the policy a replay runs under, checked against the typed settings.
 
 Keys are the `[dispatcher]` settings (`dispatcher.default_cap=50`, `dispatcher.caps.acme=10`,
-`dispatcher.ack_timeout_s=5`, ...) plus job priorities, which are no setting of the leader but
+`dispatcher.ack_timeout_s=5`, `dispatcher.max_run_s=600`, `dispatcher.max_run_by_exec.report.>=900`,
+`dispatcher.cancel_grace_s=10`, ...) plus job priorities, which are no setting of the leader but
 a policy a replay can try: `jobs.exec_priority.<exec>=N` and `jobs.client_priority.<client>=N`
 (a client's wins over an exec's). A value is read as JSON when it parses (`10`, `2.5`, `true`,
 `{"a": 1}`), else as text; every value is then validated by the same pydantic models the
@@ -38,6 +39,10 @@ chosen with `--group`; what the leader keeps in memory changes no decision): set
 error rather than a silent no-op."""
 
 PRIORITY_KEYS = ("exec_priority", "client_priority")
+
+KEYED_SETTINGS = ("caps", "retry_by_exec", "max_run_by_exec")
+"""Settings that are tables (client or exec pattern -> value): `dispatcher.<name>.<key>=value`
+sets one entry, `dispatcher.<name>={...}` replaces the whole table."""
 
 
 class OverrideError(ValueError):
@@ -117,14 +122,15 @@ def _set_dispatcher(dispatcher: dict[str, Any], key: str, rest: str, value: Any)
         raise OverrideError(f"--set {key}: unknown setting (dispatcher settings: {known})")
     if name in IGNORED_BY_REPLAY:
         raise OverrideError(f"--set {key}: does not change a replay (see docs/replay.md)")
-    if name == "caps":
+    if name in KEYED_SETTINGS:
         if sub:
-            dispatcher["caps"] = {**dispatcher["caps"], sub: value}
+            dispatcher[name] = {**dispatcher[name], sub: value}
         elif isinstance(value, dict):
-            dispatcher["caps"] = value
+            dispatcher[name] = value
         else:
+            entry = "<client>" if name == "caps" else "<exec pattern>"
             raise OverrideError(
-                f"--set {key}: expected dispatcher.caps.<client>=N or a JSON object"
+                f"--set {key}: expected dispatcher.{name}.{entry}=value or a JSON object"
             )
         return
     if sub:

@@ -3,8 +3,9 @@ served by a simulated fleet.
 
 A discrete-event simulation: the clock jumps from one instant to the next, whichever comes
 first of the next outside event (a submission at its recorded time, a cancellation, a worker
-joining or leaving, an attempt ending on its worker) and the core's next timer (a deadline, a
-delayed job: `Dispatcher.next_timer_at`, where `tick` is called). Nothing reads a real clock
+joining or leaving, an attempt ending on its worker, a worker stopping an attempt whose
+cancel reached it) and the core's next timer (a deadline, a delayed job:
+`Dispatcher.next_timer_at`, where `tick` is called). Nothing reads a real clock
 and nothing is drawn while it runs (the lease tokens are seeded, the attempts' behaviour is
 fixed beforehand), so the same history, policy, fleet and seed give the same events.
 """
@@ -20,13 +21,14 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from dispatch.core.commands import SubmitRequest
+from dispatch.core.config import CoreConfig
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import Rejected
-from dispatch.core.events import Assigned, Event, Reassigned
+from dispatch.core.events import Assigned, CancelRequested, Event, Reassigned
 from dispatch.core.leases import seeded_lease_tokens
 from dispatch.replay.behaviour import AttemptPlans
 from dispatch.replay.fleet import FleetWorker
-from dispatch.replay.model import Outcome, RecordedJob
+from dispatch.replay.model import ANSWERING, Outcome, RecordedJob
 from dispatch.replay.overrides import ReplayPolicy
 from dispatch.settings import DispatcherSettings
 
@@ -64,6 +66,17 @@ class _Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
+class _Stop:
+    """The worker stops `running` because its job's cancel reached it."""
+
+    running: _Running
+
+
+STOP_ERROR = "cancelled: cancel_requested"
+"""The failure a worker answers when it stopped an attempt on a cancel (as the SDK does)."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Freed:
     worker_id: str
 
@@ -77,17 +90,26 @@ class SimulationResult:
 
 
 def submit_request(
-    job: RecordedJob, policy: ReplayPolicy, recorded_under: DispatcherSettings
+    job: RecordedJob,
+    policy: ReplayPolicy,
+    recorded_under: DispatcherSettings,
+    recorded_config: CoreConfig | None = None,
 ) -> SubmitRequest:
-    """The job's submission under `policy`. A recorded `max_attempts` or `timeout_s` equal to
-    the value of the settings it ran under (`recorded_under`) is taken as that default, so a
-    changed default applies to it; any other value was the job's own and is kept."""
+    """The job's submission under `policy`. A recorded `max_attempts`, `timeout_s` or
+    `max_run_s` equal to the value of the settings it ran under (`recorded_under`; its
+    `core_config()`, given as `recorded_config` when already made) is taken as that default,
+    so a changed default applies to it; any other value was the job's own and is kept."""
     max_attempts: int | None = job.max_attempts
     if job.max_attempts == recorded_under.max_attempts:
         max_attempts = None
     timeout_s: float | None = job.timeout_s
     if job.timeout_s == recorded_under.ack_timeout_s:
         timeout_s = None
+    max_run_s = job.max_run_s
+    if max_run_s is not None:
+        config = recorded_config if recorded_config is not None else recorded_under.core_config()
+        if max_run_s == config.max_run_for(job.exec):
+            max_run_s = None
     return SubmitRequest(
         id=job.job_id,
         exec=job.exec,
@@ -99,6 +121,7 @@ def submit_request(
         not_before=job.not_before,
         retry=None if job.retry is None else job.retry.to_dict(),
         expires_at=job.expires_at,
+        max_run_s=max_run_s,
     )
 
 
@@ -120,10 +143,15 @@ class Simulation:
         self.plans = AttemptPlans(jobs, seed)
         self.fleet = {worker.worker_id: worker for worker in fleet}
         self.alive: set[str] = set()
+        self.jobs = {job.job_id: job for job in jobs}
+        self._running: dict[str, _Running] = {}
+        """The latest attempt of each job whose worker stopped it on a cancel in the
+        recording (the attempt a replayed cancel has its worker stop)."""
         self._agenda: list[tuple[float, int, int, int, object]] = []
         self._order = itertools.count()
         self._events: list[Event] = []
         baseline = recorded_under if recorded_under is not None else policy.dispatcher
+        baseline_config = baseline.core_config()
         start = min((job.submitted_at for job in jobs), default=0.0)
         for worker in fleet:
             self._schedule(
@@ -132,9 +160,10 @@ class Simulation:
             if worker.leaves_at is not None:
                 self._schedule(worker.leaves_at, _Kind.LEAVE, worker)
         for job in jobs:
-            self._schedule(job.submitted_at, _Kind.SUBMIT, submit_request(job, policy, baseline))
+            request = submit_request(job, policy, baseline, baseline_config)
+            self._schedule(job.submitted_at, _Kind.SUBMIT, request)
             if job.cancelled_at is not None:
-                self._schedule(job.cancelled_at, _Kind.CANCEL, job.job_id)
+                self._schedule(job.cancelled_at, _Kind.CANCEL, job)
 
     def _schedule(self, at: float, kind: _Kind, item: object, order: int = 0) -> None:
         # Times to the microsecond: a run time added to a start time must land on the same
@@ -178,6 +207,8 @@ class Simulation:
         elif kind is _Kind.WORKER:
             if isinstance(item, _Running):
                 self._settle(item, at)
+            elif isinstance(item, _Stop):
+                self._stop(item.running, at)
             elif isinstance(item, _Heartbeat):
                 self._heartbeat(item.running, at)
             else:
@@ -195,11 +226,14 @@ class Simulation:
                 self.alive.discard(item.worker_id)
                 self._record(core.lose_worker(item.worker_id, at, reason="left"))
         else:
-            assert isinstance(item, str)
-            # Refused when the job is no longer queued in the replay (it ran sooner than in
-            # the recording): then there is nothing to cancel.
+            assert isinstance(item, RecordedJob)
+            # Refused when the job has ended in the replay (it ran sooner than in the
+            # recording): then there is nothing to cancel. A running job's worker is told to
+            # stop (`cancel_requested`); see `_record` for its answer.
             with contextlib.suppress(Rejected):
-                self._record(core.cancel(item, at))
+                self._record(
+                    core.cancel(item.job_id, at, by=item.cancel_by, reason=item.cancel_reason)
+                )
 
     def _settle(self, running: _Running, at: float) -> None:
         """An attempt's answer reaches the core. One the core refuses (the attempt timed out
@@ -229,6 +263,23 @@ class Simulation:
             # leader did in the recording; nothing else to do.
             pass
 
+    def _stop(self, running: _Running, at: float) -> None:
+        """The worker stopped an attempt on its job's cancel: it answers with a failure
+        (refused if the attempt ended meanwhile: no matter)."""
+        if running.worker_id not in self.alive:
+            return
+        with contextlib.suppress(Rejected):
+            self._record(
+                self.core.fail(
+                    running.job_id,
+                    running.attempt,
+                    running.lease,
+                    at,
+                    error=STOP_ERROR,
+                    retryable=False,
+                )
+            )
+
     def _heartbeat(self, running: _Running, at: float) -> None:
         if running.worker_id not in self.alive:
             return
@@ -246,9 +297,12 @@ class Simulation:
                     event.job_id, event.attempt, event.lease, event.worker_id, attempt.outcome,
                     attempt.retry_after_s,
                 )  # fmt: skip
+                job = self.jobs.get(event.job_id)
+                if job is not None and job.cancel_stop_s is not None:
+                    self._running[event.job_id] = running
                 for offset in attempt.heartbeats:
                     self._schedule(event.at + offset, _Kind.WORKER, _Heartbeat(running))
-                if attempt.outcome is not Outcome.STALLED:
+                if attempt.outcome in ANSWERING:
                     self._schedule(event.at + attempt.run_s, _Kind.WORKER, running, attempt.order)
                 self._schedule(
                     event.at + attempt.held_s,
@@ -256,6 +310,22 @@ class Simulation:
                     _Freed(event.worker_id),
                     attempt.held_order,
                 )
+            elif isinstance(event, CancelRequested):
+                self._cancel_reached(event)
+
+    def _cancel_reached(self, event: CancelRequested) -> None:
+        """A running job's cancel: its worker stops the attempt as long after it as the
+        recording showed (`RecordedJob.cancel_stop_s`); one that did not stop in the
+        recording runs on as planned (an ack still completes the job; else its grace ends
+        it)."""
+        job = self.jobs.get(event.job_id)
+        running = self._running.get(event.job_id)
+        if job is None or job.cancel_stop_s is None or running is None:
+            return
+        if running.attempt != event.attempt:
+            return
+        order = self.plans.attempt(event.job_id, event.attempt).order
+        self._schedule(event.at + job.cancel_stop_s, _Kind.WORKER, _Stop(running), order)
 
 
 def simulate(

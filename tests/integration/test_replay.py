@@ -11,10 +11,17 @@ Spark). The replay reads the window back from that table.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from dispatch.replay.fleet import recorded_fleet
+from dispatch.replay.history import recorded_history
+from dispatch.replay.overrides import apply_overrides
 from dispatch.replay.report import Comparison, Figures
 from dispatch.replay.run import ReplayRequest, run_replay
+from dispatch.replay.simulation import simulate
+from dispatch.replay.source import read_events
 from dispatch.warehouse import Warehouse
 from tests.unit.replay.recording import (
     RECORDED_SETTINGS,
@@ -23,6 +30,8 @@ from tests.unit.replay.recording import (
     record_run,
     write_events_table,
 )
+from tests.unit.replay.test_controls_fidelity import SETTINGS as CONTROLS
+from tests.unit.replay.test_controls_fidelity import controlled_jobs, per_job
 
 ABSOLUTE_S = 0.25
 RELATIVE = 0.05
@@ -108,3 +117,27 @@ def test_the_tolerance_catches_a_replay_that_is_off() -> None:
     assert within_tolerance(Comparison("all", "all", recorded, off)) == [
         "queue_wait_p95_s: 4.0 recorded, 4.6 replayed"
     ]
+
+
+def test_cancels_time_limits_and_expiry_replay_as_recorded_from_delta(tmp_path: Path) -> None:
+    """The controlled recording (tests/unit/replay/test_controls_fidelity.py: retries, an
+    expiry, a queued and three running jobs cancelled, attempts ended by their time limit)
+    written to Delta `events` and read back: every job's events come again, exactly."""
+    warehouse = Warehouse.at(tmp_path / "delta")
+    write_events_table(warehouse, record_run(controlled_jobs(), CONTROLS))
+    events = read_events(warehouse, group="default")
+    history = recorded_history(events)
+    result = simulate(
+        history.jobs,
+        recorded_fleet(history),
+        apply_overrides(CONTROLS, ()),
+        recorded_under=CONTROLS,
+        iterations=history.instants,
+    )
+    actual = per_job(history.events)
+    assert {step[0] for steps in actual.values() for step in steps} >= {
+        "cancel_requested", "cancelled", "expired", "requeued", "dead_lettered",
+    }  # fmt: skip
+    assert per_job(result.events) == actual
+    report = run_replay(warehouse, CONTROLS, ReplayRequest())
+    assert all(group.actual == group.simulated for group in report.groups)

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatch.core.events import Assigned, Enqueued, Event, WorkerJoined
+from dispatch.core.events import (
+    Assigned,
+    Cancelled,
+    CancelRequested,
+    Enqueued,
+    Event,
+    WorkerJoined,
+)
 from dispatch.event_records import decode_batch, encode_batch, encode_batches
 from tests.unit.streaming.hostile import hostile_record
 
@@ -27,6 +34,27 @@ def test_a_batch_round_trips_in_order() -> None:
     batch = decode_batch(encode_batch("default", 3, events))
     assert (batch.group, batch.epoch) == ("default", 3)
     assert batch.events == events
+
+
+def test_a_time_limit_and_a_running_job_s_cancel_round_trip() -> None:
+    events: list[Event] = [
+        Enqueued(
+            epoch=3, at=10.5, job_id="j1", client_id="c", exec="a.b", payload=None,
+            max_attempts=5, timeout_s=30.0, seq=1, max_run_s=60.0,
+        ),
+        CancelRequested(
+            epoch=3, at=12.0, job_id="j1", worker_id="w1", attempt=1, deadline=42.0,
+            by="ops-key", reason="not needed",
+        ),
+        Cancelled(epoch=3, at=13.0, job_id="j1", worker_id="w1", attempt=1, reason="stopped"),
+        Cancelled(epoch=3, at=14.0, job_id="j2"),
+    ]  # fmt: skip
+    raw = encode_batch("default", 3, events)
+    assert decode_batch(raw).events == events
+    written = json.loads(raw)["events"]
+    assert written[1]["by"] == "ops-key"
+    # A queued job's cancel without a reason is written as before the new fields.
+    assert written[3] == {"type": "cancelled", "epoch": 3, "at": 14.0, "job_id": "j2"}
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""A `jobs` table made before the retry and expiry columns gets them when the fold starts."""
+"""A `jobs` table made before the later columns (retry and expiry; the hard time limit and
+the cancel of a running job) gets them when the fold starts."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 
-LATER = ("retry", "expires_at")
+LATER = ("retry", "expires_at", "max_run_s", "run_limit_at", "cancel_requested_at")
 
 
 def test_create_tables_adds_the_new_columns_to_an_old_jobs_table(
@@ -55,5 +56,82 @@ def test_create_tables_adds_the_new_columns_to_an_old_jobs_table(
         t.arrow_rows(t.JOBS, [job_row("g", JobState(new))]),
         mode="append",
     )
+    # A running job with a time limit whose cancel was asked for: every new column set.
+    running = JobRecord.from_dict(
+        {
+            **old.to_dict(),
+            "id": "running",
+            "status": "running",
+            "attempts": 1,
+            "worker_id": "w",
+            "lease": "l",
+            "deadline": 20.0,
+            "max_run_s": 30.0,
+            "run_limit_at": 32.0,
+            "cancel_requested_at": 15.0,
+        }
+    )
+    write_deltalake(
+        warehouse.table(t.JOBS),
+        t.arrow_rows(t.JOBS, [job_row("g", JobState(running))]),
+        mode="append",
+    )
     rows = {row["id"]: row for row in warehouse.open(t.JOBS).to_pyarrow_table().to_pylist()}
     assert rows["new"]["expires_at"] == 9.0 and rows["old"]["expires_at"] is None
+    for name in LATER:
+        assert rows["old"][name] is None
+    assert (
+        rows["running"]["max_run_s"],
+        rows["running"]["run_limit_at"],
+        rows["running"]["cancel_requested_at"],
+    ) == (30.0, 32.0, 15.0)
+    assert record_from_row(rows["running"]) == running
+    assert record_from_row(rows["old"]) == old
+    # Spark reads the old table with the new columns too (NULL in the old rows).
+    frame = spark.read.format("delta").load(warehouse.table(t.JOBS))
+    assert frame.columns == t.SCHEMAS[t.JOBS].names
+    by_id = {row["id"]: row for row in frame.collect()}
+    assert by_id["running"]["cancel_requested_at"] == 15.0
+    assert by_id["old"]["max_run_s"] is None
+
+
+def test_the_fold_writes_a_job_with_a_time_limit_into_an_old_jobs_table(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A job using the new fields, folded from its events into a `jobs` table made before
+    them, and read back as the core's record (the driver's MERGE: delta-rs)."""
+    from dispatch.core.commands import SubmitRequest
+    from dispatch.core.config import CoreConfig
+    from dispatch.core.dispatcher import Dispatcher
+    from dispatch.delta.job_rows import records_from_arrow
+    from dispatch.streaming.decode import LoggedEvent
+    from dispatch.streaming.fold import fold_batch
+
+    warehouse = Warehouse.at(tmp_path)
+    schema = pa.schema([field for field in t.SCHEMAS[t.JOBS] if field.name not in LATER])
+    write_deltalake(
+        warehouse.table(t.JOBS), schema.empty_table(), partition_by=t.PARTITIONS[t.JOBS]
+    )
+    t.create_tables(spark, warehouse)
+
+    core = Dispatcher(CoreConfig(worker_expiry_s=None, cancel_grace_s=5.0))
+    events = core.begin_epoch(1, 100.0) + core.join("w", ["job.assign.>"], 100.0)
+    request = SubmitRequest(id="limited", exec="a.b", payload=None, max_run_s=30.0)
+    events += core.submit(request, 101.0) + core.grant_credit("w", 1, 101.0)
+    events += core.cancel("limited", 102.0, by="ops")
+    logged = [LoggedEvent(0, i, 0, "g", 1, event) for i, event in enumerate(events)]
+    folded = fold_batch(logged, [True] * len(logged), {})
+    assert not folded.refused
+    state = folded.final[("g", "limited")]
+    assert state is not None
+    write_deltalake(
+        warehouse.table(t.JOBS), t.arrow_rows(t.JOBS, [job_row("g", state)]), mode="append"
+    )
+    [record] = records_from_arrow(warehouse.open(t.JOBS).to_pyarrow_table())
+    job = core.job("limited")
+    assert job is not None and record == job
+    assert (record.max_run_s, record.run_limit_at, record.cancel_requested_at) == (
+        30.0,
+        131.0,
+        102.0,
+    )

@@ -103,12 +103,15 @@ def test_a_job_s_retry_policy_and_expiry_survive_the_snapshot(tmp_path: Path) ->
 
 
 def test_a_table_from_before_the_new_columns_still_gives_a_snapshot(tmp_path: Path) -> None:
-    """A `jobs` table the fold has not yet given `retry` and `expires_at` (it adds them as it
-    starts) reads as jobs without them."""
+    """A `jobs` table the fold has not yet given its later columns (`retry`, `expires_at`,
+    `max_run_s`, `run_limit_at`, `cancel_requested_at`: it adds them as it starts) reads as
+    jobs without them."""
     rows = [job_row("g", JobState(record("a")))]
+    later = ("retry", "expires_at", "max_run_s", "run_limit_at", "cancel_requested_at")
     for row in rows:
-        del row["retry"], row["expires_at"]
-    old_schema = pa.schema([f for f in t.SCHEMAS[t.JOBS] if f.name not in ("retry", "expires_at")])
+        for name in later:
+            del row[name]
+    old_schema = pa.schema([f for f in t.SCHEMAS[t.JOBS] if f.name not in later])
     write_deltalake(
         Warehouse.at(tmp_path).table(t.JOBS),
         pa.Table.from_pylist(rows, schema=old_schema),
@@ -118,3 +121,18 @@ def test_a_table_from_before_the_new_columns_still_gives_a_snapshot(tmp_path: Pa
     )
     snapshot = latest_snapshot(Warehouse.at(tmp_path), "g")
     assert snapshot is not None and snapshot.jobs == [record("a")]
+
+
+def test_a_running_job_s_time_limit_and_cancel_survive_the_snapshot(tmp_path: Path) -> None:
+    """A new leader rebuilds a running job's limit and a pending cancel from `jobs`."""
+    running = record("a", JobStatus.RUNNING)
+    running.attempts, running.worker_id, running.lease, running.deadline = 1, "w", "l", 20.0
+    running.max_run_s, running.run_limit_at, running.cancel_requested_at = 30.0, 32.0, 15.0
+    limited = record("b")
+    limited.max_run_s = 30.0
+    commit(tmp_path, [running, limited, record("c")], "g", progress(0))
+    snapshot = latest_snapshot(Warehouse.at(tmp_path), "g")
+    assert snapshot is not None
+    assert sorted(snapshot.jobs, key=lambda job: job.id) == [running, limited, record("c")]
+    row = job_row("g", JobState(record("c")))
+    assert (row["max_run_s"], row["run_limit_at"], row["cancel_requested_at"]) == (None,) * 3

@@ -8,6 +8,13 @@ iteration that made it, run the job for its drawn time, answer, and grant the sl
 message of its own up to `CREDIT_LAG_S` later (as the WebSocket transport does). The job mix
 is the demo's (echo jobs, a flaky one retried, a stalled one that times out once, one that
 fails for good) plus a few heavier execs, from three tenants, one of which floods in a burst.
+
+A planned job may also be cancelled at a planned time (`PlannedJob.cancel_at`): queued, it
+ends at once; running, its worker is told to stop and, if it heeds the cancel
+(`PlannedJob.stop_s`), stops that long after the message reaches it and answers with a
+failure (the SDK's `cancelled: ...`). An attempt stopped by its hard time limit is told to stop
+too: it stops at once and answers (refused). A stopped attempt's planned answer and credit
+never come; the credit follows the stop's answer instead.
 """
 
 from __future__ import annotations
@@ -23,7 +30,18 @@ from typing import Any
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import Rejected
-from dispatch.core.events import Assigned, Completed, DeadLettered, Event, Reassigned
+from dispatch.core.events import (
+    Assigned,
+    Cancelled,
+    CancelRequested,
+    Completed,
+    DeadLettered,
+    Event,
+    Expired,
+    Reassigned,
+    Requeued,
+)
+from dispatch.core.job import DeadReason, RequeueReason
 from dispatch.core.leases import seeded_lease_tokens
 from dispatch.delta import tables as t
 from dispatch.settings import DispatcherSettings
@@ -55,6 +73,15 @@ class PlannedJob:
     at: float
     request: SubmitRequest
     attempts: tuple[Behaviour, ...]
+    cancel_at: float | None = None
+    """When a client cancels it (None: never)."""
+    stop_s: float | None = None
+    """How long its worker takes to stop it once a cancel reaches it (None: it does not)."""
+
+
+CANCELLED_BY = "ops-key"
+CANCEL_REASON = "not needed any more"
+STOP_ERROR = "cancelled: cancel_requested"
 
 
 def job_mix(seed: int = 7, duration_s: float = 120.0, *, timeouts: bool = True) -> list[PlannedJob]:
@@ -118,6 +145,21 @@ class _Leader:
     order: Iterator[int] = field(default_factory=itertools.count)
     events: list[Event] = field(default_factory=list)
     timing: random.Random = field(default_factory=lambda: random.Random(11))
+    attempts: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
+    """(job, attempt) -> (lease, worker) of every assignment."""
+    stopped: set[tuple[str, int]] = field(default_factory=set)
+    """Attempts their worker stopped: their planned answer and credit never come."""
+
+    def stop(self, job_id: str, attempt: int, after_s: float) -> None:
+        """The worker stops the attempt `after_s` after it learns (one latency from now),
+        answers, and grants its slot back."""
+        self.stopped.add((job_id, attempt))
+        lease, worker_id = self.attempts[(job_id, attempt)]
+        answered = self.now + LATENCY_S + after_s + LATENCY_S
+        self.arrive(answered, "stop", job_id, attempt, lease)
+        self.arrive(answered + self.timing.uniform(0.0, CREDIT_LAG_S), "free", worker_id)
+
+    now: float = 0.0
 
     def arrive(self, at: float, kind: str, *args: Any) -> None:
         heapq.heappush(self.inbox, (at, next(self.order), kind, args))
@@ -130,8 +172,11 @@ def record_run(
     config = settings.core_config()
     leader = _Leader(Dispatcher(config, lease_token=seeded_lease_tokens(seed)))
     behaviours = {job.request.id: job.attempts for job in jobs}
+    stops = {job.request.id: job.stop_s for job in jobs}
     for job in jobs:
         leader.arrive(job.at, "submit", job.request)
+        if job.cancel_at is not None:
+            leader.arrive(job.cancel_at, "cancel", job.request.id)
     for worker_id in WORKERS:
         leader.arrive(START - 1.0, "join", worker_id)
     now = START - 1.0
@@ -139,6 +184,7 @@ def record_run(
     finished: set[str] = set()
     next_heartbeat = now
     while pending and now < START + 3600:
+        leader.now = now
         if now >= next_heartbeat:  # workers heartbeat every 5 s, so none is lost for silence
             next_heartbeat = now + 5.0
             for worker_id in WORKERS:
@@ -150,14 +196,24 @@ def record_run(
         submissions = [args[0] for kind, args in due if kind == "submit"]
         out: list[Event] = []
         for kind, args in due:
-            out += _command(leader.core, kind, args, now)
+            out += _command(leader, kind, args, now)
         if submissions:
             out += leader.core.submit_many(submissions, now)
         out += leader.core.tick(now)
         for event in out:
             if isinstance(event, Assigned | Reassigned):
+                leader.attempts[(event.job_id, event.attempt)] = (event.lease, event.worker_id)
                 _run_attempt(leader, event, behaviours[event.job_id], now)
-            if isinstance(event, Completed | DeadLettered) and event.job_id not in finished:
+            elif isinstance(event, CancelRequested):
+                stop_s = stops[event.job_id]
+                if stop_s is not None:
+                    leader.stop(event.job_id, event.attempt, stop_s)
+            elif (isinstance(event, Requeued) and event.reason is RequeueReason.TIME_LIMIT) or (
+                isinstance(event, DeadLettered) and event.reason is DeadReason.TIME_LIMIT
+            ):
+                leader.stop(event.job_id, event.attempt, 0.0)
+            ended = Completed | DeadLettered | Cancelled | Expired
+            if isinstance(event, ended) and event.job_id not in finished:
                 finished.add(event.job_id)
                 pending -= 1
         leader.events += out
@@ -165,17 +221,32 @@ def record_run(
     return leader.events
 
 
-def _command(core: Dispatcher, kind: str, args: tuple[Any, ...], now: float) -> list[Event]:
+def _command(leader: _Leader, kind: str, args: tuple[Any, ...], now: float) -> list[Event]:
+    core = leader.core
     if kind == "join":
         return core.join(args[0], WORKERS[args[0]], now) + core.grant_credit(args[0], SLOTS, now)
     if kind == "credit":
+        worker_id, job_id, attempt = args
+        if (job_id, attempt) in leader.stopped:
+            return []  # the stop's own credit returns the slot
+        return core.grant_credit(worker_id, 1, now)
+    if kind == "free":
         return core.grant_credit(args[0], 1, now)
     if kind == "heartbeat":
         return core.worker_heartbeat(args[0], now)
-    if kind not in ("ack", "fail", "fail_permanent"):
+    if kind == "cancel":
+        try:
+            return core.cancel(args[0], now, by=CANCELLED_BY, reason=CANCEL_REASON)
+        except Rejected:
+            return []  # it ended before its cancel came
+    if kind not in ("ack", "fail", "fail_permanent", "stop"):
         return []
     job_id, attempt, lease = args
+    if kind != "stop" and (job_id, attempt) in leader.stopped:
+        return []  # stopped before it finished: this answer never comes
     try:
+        if kind == "stop":
+            return core.fail(job_id, attempt, lease, now, error=STOP_ERROR, retryable=False)
         if kind == "ack":
             return core.ack(job_id, attempt, lease, now)
         return core.fail(job_id, attempt, lease, now, retryable=kind == "fail")
@@ -192,7 +263,7 @@ def _run_attempt(
     # The answer reaches the leader one latency later; the credit for the slot follows it.
     leader.arrive(done + LATENCY_S, answer, event.job_id, event.attempt, event.lease)
     lag = leader.timing.uniform(0.0, CREDIT_LAG_S)
-    leader.arrive(done + LATENCY_S + lag, "credit", event.worker_id)
+    leader.arrive(done + LATENCY_S + lag, "credit", event.worker_id, event.job_id, event.attempt)
 
 
 def write_events_table(

@@ -156,3 +156,46 @@ def test_a_worker_that_joined_before_the_window_gets_the_subjects_of_what_it_ran
 def test_an_empty_read_is_an_empty_history(since: float | None) -> None:
     history = recorded_history([], since=since)
     assert (history.jobs, history.workers, history.events) == ((), (), ())
+
+
+def test_a_running_job_s_cancel_ends_its_attempt_as_its_worker_or_the_core_ended_it() -> None:
+    """Confirmed by the worker: `cancelled`, with how long it took to stop; its grace passed:
+    stalled (the worker still held it); its worker lost: stalled. The request's time, who
+    asked and why are the cancel to replay."""
+    d = core()
+    log = d.join("w1", ["job.assign.>"], 100.0) + d.join("w2", ["job.assign.>"], 100.0)
+    log += d.grant_credit("w1", 2, 100.0)
+    for job_id in ("stops", "ignores"):
+        log += d.submit(SubmitRequest(id=job_id, exec="demo.long", payload=None), 101.0)
+    log += d.grant_credit("w2", 1, 101.0)
+    log += d.submit(SubmitRequest(id="lost", exec="demo.long", payload=None), 101.0)
+    on = {job_id: assigned(log, job_id) for job_id in ("stops", "ignores", "lost")}
+    assert on["lost"].worker_id == "w2"
+    for job_id in ("stops", "ignores", "lost"):
+        log += d.cancel(job_id, 102.0, by="ops", reason="why")
+    stops = on["stops"]
+    log += d.fail("stops", 1, stops.lease, 102.5, error="cancelled", retryable=False)
+    log += d.tick(110.0)  # the deadline of "ignores" (103: its ack timeout) has passed
+    log += d.lose_worker("w2", 111.0)
+
+    jobs = {job.job_id: job for job in recorded_history(log).jobs}
+
+    assert [a.outcome for a in jobs["stops"].attempts] == [Outcome.CANCELLED]
+    assert jobs["stops"].cancel_stop_s == 0.5
+    assert (jobs["stops"].cancelled_at, jobs["stops"].cancel_by) == (102.0, "ops")
+    assert jobs["stops"].cancel_reason == "why"
+    assert [a.outcome for a in jobs["ignores"].attempts] == [Outcome.STALLED]
+    assert jobs["ignores"].attempts[0].run_s == 9.0 and jobs["ignores"].cancel_stop_s is None
+    assert [a.outcome for a in jobs["lost"].attempts] == [Outcome.STALLED]
+    assert jobs["lost"].cancel_stop_s is None and jobs["lost"].cancelled_at == 102.0
+
+
+def test_an_attempt_its_time_limit_ended_is_recorded_as_such() -> None:
+    d = core()
+    log = d.join("w1", ["job.assign.>"], 100.0) + d.grant_credit("w1", 2, 100.0)
+    request = SubmitRequest(id="capped", exec="a.b", payload=None, max_run_s=1.5)
+    log += d.submit(request, 101.0)
+    log += d.tick(102.5) + d.tick(104.0)
+    (job,) = recorded_history(log).jobs
+    assert job.max_run_s == 1.5
+    assert (job.attempts[0].outcome, job.attempts[0].run_s) == (Outcome.TIME_LIMIT, 1.5)

@@ -80,3 +80,25 @@ def test_the_policy_records_itself_as_plain_json() -> None:
     assert document["dispatcher"]["caps"] == {"globex": 7, "acme": 10}
     assert document["jobs"]["client_priority"] == {"acme": 1}
     assert "worker_expiry_s" not in document["dispatcher"]
+
+
+def test_time_limits_and_the_cancel_grace_reach_the_core() -> None:
+    policy = apply_overrides(
+        BASE,
+        [
+            "dispatcher.max_run_s=600",
+            "dispatcher.max_run_by_exec.report.>=900",
+            'dispatcher.retry_by_exec.payments.>={"delay_s": 10}',
+            "dispatcher.cancel_grace_s=5",
+        ],
+    )
+    config = policy.core_config()
+    assert (config.max_run_for("image.resize"), config.max_run_for("report.daily")) == (600, 900)
+    assert config.retry_for("payments.refund").delay_s == 10
+    assert config.cancel_grace_s == 5
+    replaced = apply_overrides(BASE, ['dispatcher.max_run_by_exec={"a.>": 60}'])
+    assert replaced.dispatcher.max_run_by_exec == {"a.>": 60}
+    with pytest.raises(OverrideError, match=r"dispatcher\.max_run_by_exec\.<exec pattern>"):
+        apply_overrides(BASE, ["dispatcher.max_run_by_exec=60"])
+    with pytest.raises(OverrideError, match=r"--set dispatcher\.cancel_grace_s"):
+        apply_overrides(BASE, ["dispatcher.cancel_grace_s=0"])

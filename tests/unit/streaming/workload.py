@@ -7,6 +7,8 @@ core's own `Dispatcher.job(id).to_dict()`.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import random
 from collections.abc import Callable, Sequence
@@ -255,10 +257,16 @@ def mixed_workload(*, prune: bool = False) -> Workload:
     return workload
 
 
+def _cancel(job_id: str, by: str | None, core: Dispatcher, now: float) -> list[Event]:
+    return core.cancel(job_id, now, by=by, reason="test")
+
+
 def random_workload(seed: int, steps: int = 300) -> Workload:
     """Random commands against one leader (with failovers and prunes) for property tests."""
     rng = random.Random(seed)
-    controls = random.Random(seed + 1_000)  # job controls: a retry policy of its own, an expiry
+    # Job controls (a retry policy of its own, an expiry, a time limit, cancels of queued and
+    # running jobs), drawn apart so the rest of the workload stays what it was.
+    controls = random.Random(seed + 1_000)
     clock = [1_800_000_000.0]
     core = Dispatcher(CONFIG)
     workload = Workload(leader=core)
@@ -270,6 +278,12 @@ def random_workload(seed: int, steps: int = 300) -> Workload:
     epoch = 1
     next_id = 0
     for _ in range(steps):
+        if controls.random() < 0.05 and driver.running:
+            cancel = functools.partial(
+                _cancel, controls.choice(sorted(driver.running)), controls.choice([None, "ops"])
+            )
+            with contextlib.suppress(Rejected):  # it ended meanwhile
+                driver.do(cancel)
         choice = rng.random()
         try:
             if choice < 0.30:
@@ -281,6 +295,7 @@ def random_workload(seed: int, steps: int = 300) -> Workload:
                     # Drawn apart, so the rest of the workload stays what it was.
                     retry=controls.choice([None, None, {"delay_s": 2.0, "jitter": 0.5}]),
                     ttl_s=controls.choice([None, None, None, 5.0, 40.0]),
+                    max_run_s=controls.choice([None, None, None, 3.0, 30.0]),
                 )
                 next_id += 1
             elif choice < 0.40:

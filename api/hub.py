@@ -25,18 +25,27 @@ from dispatch.api.served_execs import ServedExecs
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import (
     Assigned,
+    Cancelled,
+    CancelRequested,
+    DeadLettered,
     Event,
     JobEvent,
     LeaderElected,
     Reassigned,
+    Requeued,
     WorkerJoined,
     WorkerLost,
 )
-from dispatch.core.job import TERMINAL_STATUSES, JobRecord, JobStatus
-from dispatch.wire import assignment_of, job_view_of
+from dispatch.core.job import TERMINAL_STATUSES, DeadReason, JobRecord, JobStatus, RequeueReason
+from dispatch.wire import CANCEL_REQUESTED, ENDED, TIME_LIMIT, assignment_of, job_view_of
 
 _WORKERS_CHANGED = frozenset({WorkerJoined, WorkerLost, LeaderElected})
 """Events after which the execs served may differ (a term starts with the workers it rebuilt)."""
+_STOPPING = frozenset({CancelRequested, Cancelled, Requeued, DeadLettered})
+"""Events that may tell a worker to stop an attempt (`stop_order` decides)."""
+MAX_STOPS_WAITING = 10_000
+"""Most stop orders one worker's outbox holds (a REST worker that stopped polling must not
+grow it without bound; its next poll's `held` names what it still runs anyway)."""
 
 
 def current_assignment(core: Dispatcher, job_id: str) -> dict[str, Any] | None:
@@ -49,6 +58,54 @@ def current_assignment(core: Dispatcher, job_id: str) -> dict[str, Any] | None:
     return assignment_of(job)
 
 
+def stop_order(event: Event) -> tuple[str, dict[str, Any]] | None:
+    """(worker id, wire `StopAttempt`) when `event` means a worker must stop an attempt it
+    runs: a cancel was requested, the attempt reached its time limit, or the job was
+    cancelled while running (its grace passed). None for every other event."""
+    reason: str
+    if isinstance(event, CancelRequested):
+        reason = CANCEL_REQUESTED
+    elif isinstance(event, Requeued | DeadLettered):
+        if (
+            event.reason is not RequeueReason.TIME_LIMIT
+            and event.reason is not DeadReason.TIME_LIMIT
+        ):
+            return None
+        reason = TIME_LIMIT
+    elif isinstance(event, Cancelled) and event.worker_id is not None:
+        reason = ENDED
+    else:
+        return None
+    worker_id = event.worker_id
+    assert worker_id is not None
+    return worker_id, {"id": event.job_id, "attempt": event.attempt, "reason": reason}
+
+
+def stop_orders_for(core: Dispatcher, held: Sequence[tuple[str, int, str]]) -> list[dict[str, Any]]:
+    """The wire `StopAttempt`s of the attempts a worker says it holds that it must stop: a
+    cancelled job's (`cancel_requested`), and any the leader no longer has it run (`ended`,
+    or `time_limit`). Harmless for an attempt the worker has already finished."""
+    orders: list[dict[str, Any]] = []
+    for job_id, attempt, lease in held:
+        job = core.job_view(job_id)
+        if (
+            job is not None
+            and job.status is JobStatus.RUNNING
+            and job.attempts == attempt
+            and job.lease == lease
+        ):
+            if job.cancel_requested_at is not None:
+                orders.append({"id": job_id, "attempt": attempt, "reason": CANCEL_REQUESTED})
+            continue
+        if job is not None and job.status is JobStatus.SUCCEEDED and job.attempts == attempt:
+            continue  # acked: nothing runs any more
+        reason = ENDED
+        if job is not None and job.dead_reason is DeadReason.TIME_LIMIT and job.attempts == attempt:
+            reason = TIME_LIMIT
+        orders.append({"id": job_id, "attempt": attempt, "reason": reason})
+    return orders
+
+
 def public_job(job: JobRecord | None) -> dict[str, Any]:
     """A job as clients see it (REST answers and WebSocket `result`): the wire `JobView`.
     Answers pass the job their command just changed, so None is a bug: it fails the request
@@ -59,11 +116,20 @@ def public_job(job: JobRecord | None) -> dict[str, Any]:
 
 
 class Outbox:
-    """Assignments committed for one worker and not yet taken by it."""
+    """Assignments committed for one worker and not yet taken by it, and the attempts it
+    must stop (`stops`, wire `StopAttempt`s), sent before any new assignment."""
 
     def __init__(self) -> None:
         self.items: deque[dict[str, Any]] = deque()
+        self.stops: deque[dict[str, Any]] = deque()
         self.changed = asyncio.Event()
+
+    def take_stops(self) -> list[dict[str, Any]]:
+        stops = list(self.stops)
+        self.stops.clear()
+        if not self.items:
+            self.changed.clear()
+        return stops
 
     def take(self, limit: int | None = None) -> list[dict[str, Any]]:
         count = len(self.items) if limit is None else min(limit, len(self.items))
@@ -113,6 +179,7 @@ class Hub:
         assignments: list[tuple[str, dict[str, Any]]] = []
         finished: dict[str, dict[str, Any]] = {}
         lost: list[str] = []
+        stops: list[tuple[str, dict[str, Any]]] = []
         workers_changed = False
         for event in events:
             if type(event) in _WORKERS_CHANGED:
@@ -123,6 +190,10 @@ class Hub:
                     assignments.append((event.worker_id, assignment))
             elif isinstance(event, WorkerLost):
                 lost.append(event.worker_id)
+            elif type(event) in _STOPPING:
+                order = stop_order(event)
+                if order is not None:
+                    stops.append(order)
             if isinstance(event, JobEvent):
                 job = core.job_view(event.job_id)
                 if job is not None and job.status in TERMINAL_STATUSES:
@@ -130,14 +201,14 @@ class Hub:
         self._metrics.observe_committed(core, events)
         if workers_changed:
             self.served.refresh(core.subject_patterns())
-        if not (assignments or finished or lost):
+        if not (assignments or finished or lost or stops):
             return
         with self._lock:
             for worker_id in lost:
                 self._undelivered.pop(worker_id, None)
             for worker_id, _ in assignments:
                 self._undelivered[worker_id] += 1
-        self._loop.call_soon_threadsafe(self._deliver, assignments, finished, lost)
+        self._loop.call_soon_threadsafe(self._deliver, assignments, finished, lost, stops)
 
     def stopped(self, error: BaseException | None) -> None:
         # What was committed but not delivered belongs to the ended term: the next term
@@ -163,11 +234,21 @@ class Hub:
         assignments: list[tuple[str, dict[str, Any]]],
         finished: dict[str, dict[str, Any]],
         lost: list[str],
+        stops: list[tuple[str, dict[str, Any]]],
     ) -> None:
+        for worker_id, order in stops:
+            # Only to a worker this node serves (an open socket, or a REST poller that
+            # polled here): another node's worker learns it from its next poll or hello.
+            outbox = self.outboxes.get(worker_id)
+            if outbox is not None:
+                if len(outbox.stops) < MAX_STOPS_WAITING:
+                    outbox.stops.append(order)
+                outbox.changed.set()
         for worker_id in lost:
             outbox = self.outboxes.get(worker_id)
             if outbox is not None:
                 outbox.items.clear()
+                outbox.stops.clear()
                 outbox.changed.set()
         for worker_id, assignment in assignments:
             outbox = self.outbox(worker_id)
@@ -192,6 +273,7 @@ class Hub:
         ended.set()
         for outbox in self.outboxes.values():
             outbox.items.clear()
+            outbox.stops.clear()
             outbox.changed.set()
         for waiters in self._job_waiters.values():
             for waiter in waiters:

@@ -17,11 +17,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from dispatch.api.hub import Hub, public_job
+from dispatch.api.hub import Hub, public_job, stop_orders_for
 from dispatch.api.worker_sync import Held, rejoin
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import RejectCode, Rejected
-from dispatch.core.events import Event
+from dispatch.core.events import Cancelled, Event
 from dispatch.core.job import JobRecord, JobStatus
 from dispatch.core.queries import ClientLoads
 
@@ -162,27 +162,64 @@ def overview_of(core: Dispatcher, limit: int) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class CancelJob(LoopCommand[JobView]):
+    """Cancel one job: a queued one ends at once, a running one's worker is told to stop."""
+
     job_id: str
+    by: str | None = None
+    reason: str = ""
 
     def decide(self, core: Dispatcher, now: float) -> list[Event]:
-        return core.cancel(self.job_id, now)
+        return core.cancel(self.job_id, now, by=self.by, reason=self.reason)
 
     def answer(self, core: Dispatcher, events: list[Event]) -> JobView:
         return public_job(core.job_view(self.job_id))
 
 
 @dataclass(frozen=True, slots=True)
-class RedriveJob(LoopCommand[JobView]):
-    job_id: str
+class CancelJobs(LoopCommand[dict[str, int]]):
+    """Cancel up to `limit` jobs matching a filter (an admin's bulk cancel, or a purge)."""
+
+    exec_pattern: str | None
+    client_id: str | None
+    statuses: frozenset[JobStatus]
+    limit: int
+    by: str | None = None
+    reason: str = ""
 
     def decide(self, core: Dispatcher, now: float) -> list[Event]:
-        return core.redrive(self.job_id, now)
+        return core.cancel_where(
+            now, exec_pattern=self.exec_pattern, client_id=self.client_id,
+            statuses=self.statuses, limit=self.limit, by=self.by, reason=self.reason,
+        )  # fmt: skip
+
+    def answer(self, core: Dispatcher, events: list[Event]) -> dict[str, int]:
+        cancelled = sum(1 for event in events if isinstance(event, Cancelled))
+        return {"cancelled": cancelled, "cancelling": len(events) - cancelled}
+
+
+@dataclass(frozen=True, slots=True)
+class RedriveJob(LoopCommand[JobView]):
+    job_id: str
+    by: str | None = None
+
+    def decide(self, core: Dispatcher, now: float) -> list[Event]:
+        return core.redrive(self.job_id, now, by=self.by)
 
     def answer(self, core: Dispatcher, events: list[Event]) -> JobView:
         return public_job(core.job_view(self.job_id))
 
 
 # --- workers -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StopOrders(LoopCommand[list[dict[str, Any]]]):
+    """Of the attempts a worker holds, those it must stop (wire `StopAttempt`s)."""
+
+    held: Sequence[Held]
+
+    def answer(self, core: Dispatcher, events: list[Event]) -> list[dict[str, Any]]:
+        return stop_orders_for(core, self.held)
 
 
 @dataclass(frozen=True, slots=True)

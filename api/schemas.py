@@ -5,7 +5,7 @@ The shapes the SDKs read too (a job, an acceptance, an assignment) are in `dispa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -106,6 +106,13 @@ class JobSubmission(_Body):
         description="As `expires_at`, in seconds after the job is accepted (give one of the two)",
         json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_DELAY_S},
     )
+    max_run_s: float | None = Field(
+        None,
+        description="Hard time limit of each attempt: heartbeats cannot carry one past it, "
+        "and reaching it fails the attempt (`time_limit`) and stops its worker (default: the "
+        "exec's, from the settings)",
+        json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_DELAY_S},
+    )
 
 
 class JobBatch(_Body):
@@ -181,6 +188,34 @@ class SettledBatch(BaseModel):
 class HeartbeatAnswer(BaseModel):
     id: str
     deadline: float
+    cancel: str | None = Field(
+        None,
+        description="`cancel_requested` when the job was cancelled: stop the handler and "
+        "fail the attempt to confirm",
+    )
+
+
+class CancelBody(_Body):
+    reason: str = Field("", max_length=1_000, description="Why (recorded in the job's error)")
+
+
+class BulkCancel(_Body):
+    """Which jobs an admin's bulk cancel ends (at least one of exec and client_id)."""
+
+    exec: str | None = Field(
+        None, description="An exec pattern: `image.*` (one token), `image.>` (one or more)"
+    )
+    client_id: str | None = Field(None, min_length=1, max_length=MAX_ID_LENGTH)
+    status: Literal["queued", "running", "any"] = Field(
+        "queued", description="queued (a purge), running, or any of the two"
+    )
+    limit: int = Field(1_000, ge=1, le=10_000, description="Most jobs this call cancels")
+    reason: str = Field("", max_length=1_000)
+
+
+class BulkCancelled(BaseModel):
+    cancelled: int = Field(description="Queued jobs now cancelled")
+    cancelling: int = Field(description="Running jobs whose workers were told to stop")
 
 
 class QueueView(BaseModel):

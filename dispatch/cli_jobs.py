@@ -72,7 +72,7 @@ NOT_RUNNING_HINT = (
     "--url or DISPATCH_URL names other nodes"
 )
 _REGISTERED = "_dispatch_job_commands"
-STATUS_COLOURS = {"queued": "cyan", "retrying": "cyan", "running": "yellow",
+STATUS_COLOURS = {"queued": "cyan", "retrying": "cyan", "running": "yellow", "cancelling": "yellow",
                   "succeeded": "green", "dead": "red", "cancelled": "magenta",
                   "expired": "magenta"}  # fmt: skip
 
@@ -179,8 +179,14 @@ def _show_job(job: Job) -> None:
         rows.append(("expires", _when(job.expires_at)))
     if job.worker_id is not None:
         rows.append(("worker", escape(job.worker_id)))
-    if job.deadline is not None and job.status == "running":
+    if job.deadline is not None and job.status in ("running", "cancelling"):
         rows.append(("deadline", _when(job.deadline)))
+    if job.run_limit_at is not None:
+        rows.append(("time limit", f"{job.max_run_s:g} s, at {_when(job.run_limit_at)}"))
+    elif job.max_run_s is not None:
+        rows.append(("time limit", f"{job.max_run_s:g} s an attempt"))
+    if job.cancel_requested_at is not None:
+        rows.append(("cancel asked", _when(job.cancel_requested_at)))
     if job.status == "succeeded":
         rows.append(("result", escape(_short_json(job.result))))
     if job.error:
@@ -266,6 +272,12 @@ def submit(
         float | None,
         typer.Option("--ttl", min=0, help="Expire if not started within S seconds."),
     ] = None,
+    max_run: Annotated[
+        float | None,
+        typer.Option(
+            "--max-run", min=0, help="Stop an attempt that runs S seconds (a hard limit)."
+        ),
+    ] = None,
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
@@ -288,7 +300,7 @@ def submit(
     try:
         submission = Submission(
             exec=exec_name, payload=_parse_payload(payload), id=job_id, max_attempts=max_attempts,
-            priority=priority, delay_s=delay, ttl_s=ttl,
+            priority=priority, delay_s=delay, ttl_s=ttl, max_run_s=max_run,
         )  # fmt: skip
     except ValidationError as error:
         _fail(str(error.errors()[0]["msg"]), EXIT_USAGE)
@@ -453,6 +465,62 @@ def dlq_redrive(
         Console().print(f"redriven job {escape(job.id)}: {_status(job.status)}, attempts reset")
 
 
+# --- cancel ---------------------------------------------------------------------------------
+
+
+def cancel(
+    job_id: Annotated[
+        str | None,
+        typer.Argument(metavar="[ID]", help="The job to cancel.", show_default=False),
+    ] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why (kept in the job's error).")] = "",
+    exec_pattern: Annotated[
+        str | None,
+        typer.Option("--exec", help="Admins: cancel the jobs of this exec pattern (image.>)."),
+    ] = None,
+    client_id: Annotated[
+        str | None, typer.Option("--client", help="Admins: cancel this client's jobs.")
+    ] = None,
+    status: Annotated[
+        str,
+        typer.Option("--status", help="With --exec/--client: queued (a purge), running, or any."),
+    ] = "queued",
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=10_000, help="Most jobs one call cancels.")
+    ] = 1_000,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel a job: `cancel ID` (queued: at once; running: its worker is told to stop, and
+    it ends cancelled when the worker confirms). Admins cancel many: `cancel --exec
+    'report.>' [--client C] [--status queued|running|any]`."""
+    if (job_id is None) == (exec_pattern is None and client_id is None):
+        _fail("give an ID, or --exec and/or --client (not both)", EXIT_USAGE)
+    if status not in ("queued", "running", "any"):
+        _fail("--status: queued, running or any", EXIT_USAGE)
+    if job_id is not None:
+        with _client(url, api_key) as client:
+            job = client.cancel(job_id, reason=reason or None)
+        if as_json:
+            _print_json(job.model_dump())
+        else:
+            Console().print(f"job {escape(job.id)}: {_status(job.status)}")
+        return
+    with _client(url, api_key, "admin") as client:
+        answer = client.cancel_many(
+            exec=exec_pattern, client_id=client_id, status=status, limit=limit,
+            reason=reason or None,
+        )  # fmt: skip
+    if as_json:
+        _print_json(answer)
+    else:
+        Console().print(
+            f"cancelled {answer['cancelled']} queued job(s); told the workers of "
+            f"{answer['cancelling']} running job(s) to stop"
+        )
+
+
 # --- worker ---------------------------------------------------------------------------------
 
 
@@ -562,6 +630,7 @@ def register(app: typer.Typer) -> None:
             app.registered_commands.remove(info)
     app.command("submit")(submit)
     app.command("status")(_status_command(stack_status))
+    app.command("cancel")(cancel)
     dlq = typer.Typer(
         help="Read and repair the dead-letter queue.",
         no_args_is_help=True,

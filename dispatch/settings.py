@@ -430,6 +430,30 @@ class DispatcherSettings(_Section):
     """Retry policies by exec pattern (`*` one token, a final `>` one or more), the first
     matching pattern in file order winning: pattern = {delay_s, multiplier, max_delay_s,
     jitter}, a key left out taking the `retry_*` value above. A job's own `retry` beats both."""
+    max_run_s: float = Field(0.0, ge=0, le=MAX_RETRY_DELAY_S)
+    """Hard time limit of each attempt of a job that sets no `max_run_s` of its own: its
+    heartbeats cannot carry it past this; reaching it fails the attempt (`time_limit`,
+    retried per the retry policy) and tells its worker to stop. 0: no limit."""
+    max_run_by_exec: dict[str, float] = Field(default_factory=dict)
+    """Hard time limits by exec pattern, the first matching pattern in file order winning:
+    pattern = seconds. A job's own `max_run_s` beats both."""
+    cancel_grace_s: float = Field(30.0, gt=0)
+    """A cancelled running job's worker is told to stop; the job ends `cancelled` when the
+    worker confirms, or this long after the cancel, whichever is first."""
+
+    @field_validator("max_run_by_exec")
+    @classmethod
+    def _run_limits(cls, value: dict[str, float]) -> dict[str, float]:
+        for pattern, seconds in value.items():
+            try:
+                compile_pattern(pattern)
+            except ValueError as error:
+                raise ValueError(f"max_run_by_exec[{pattern!r}]: {error}") from None
+            if not 0 < seconds <= MAX_RETRY_DELAY_S:
+                raise ValueError(
+                    f"max_run_by_exec[{pattern!r}]: expected seconds in (0, {MAX_RETRY_DELAY_S:g}]"
+                )
+        return value
 
     @field_validator("caps")
     @classmethod
@@ -474,6 +498,9 @@ class DispatcherSettings(_Section):
             max_ack_timeout_s=self.max_ack_timeout_s,
             max_attempts=self.max_attempts,
             worker_expiry_s=self.worker_expiry_s,
+            max_run_s=self.max_run_s or None,
+            max_run_by_exec=tuple(self.max_run_by_exec.items()),
+            cancel_grace_s=self.cancel_grace_s,
         )
 
     @model_validator(mode="after")

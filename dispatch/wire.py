@@ -61,8 +61,8 @@ class JobView(_SentInFull):
     payload: Any = None
     status: str = Field(
         description="queued, retrying (queued again after an attempt that failed, timed out "
-        "or lost its worker; see next_attempt_at), running, succeeded, dead, cancelled or "
-        "expired"
+        "or lost its worker; see next_attempt_at), running, cancelling (running, its worker "
+        "told to stop), succeeded, dead, cancelled or expired"
     )
     attempts: int
     max_attempts: int
@@ -83,6 +83,15 @@ class JobView(_SentInFull):
     )
     expires_at: float | None = Field(
         None, description="A job still queued at this time ends expired (null: never)"
+    )
+    max_run_s: float | None = Field(
+        None, description="Hard time limit of each attempt, in seconds (null: none)"
+    )
+    run_limit_at: float | None = Field(
+        None, description="Running: when the current attempt reaches max_run_s and is stopped"
+    )
+    cancel_requested_at: float | None = Field(
+        None, description="Cancelling: when the cancel was asked for"
     )
 
     @property
@@ -107,10 +116,30 @@ class Assignment(_SentInFull):
     lease: str
 
 
+class StopAttempt(_Answer):
+    """An attempt a worker holds and must stop (WebSocket `cancel`; REST poll `cancel`)."""
+
+    id: str
+    attempt: int
+    reason: str = Field(
+        description="cancel_requested (a client cancelled the job: stop and fail the "
+        "attempt to confirm), time_limit (the attempt reached max_run_s) or ended (the "
+        "attempt is no longer this worker's)"
+    )
+
+
+CANCEL_REQUESTED = "cancel_requested"
+TIME_LIMIT = "time_limit"
+ENDED = "ended"
+
+
 class Assignments(_Answer):
     assignments: list[Assignment]
     epoch: int | None = None
     """The leader epoch that answered (a worker sends it back with its next poll)."""
+    cancel: list[StopAttempt] = Field(
+        default_factory=list, description="Attempts of the poll's `held` that must stop"
+    )
 
 
 _JOB_VIEW_FIELDS = tuple(JobView.model_fields)
@@ -123,6 +152,9 @@ def job_view_of(job: JobRecord) -> dict[str, Any]:
     record["status"] = public_status(job)
     record["next_attempt_at"] = next_attempt_at(job)
     record["expires_at"] = job.expires_at
+    record["max_run_s"] = job.max_run_s
+    record["run_limit_at"] = job.run_limit_at
+    record["cancel_requested_at"] = job.cancel_requested_at
     return {name: record[name] for name in _JOB_VIEW_FIELDS}
 
 

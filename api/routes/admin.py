@@ -32,9 +32,10 @@ async def dead_letters(
     response_model=JobView,
     responses=error_responses({404: "No such job", 409: "The job is not dead"}),
 )
-async def redrive(job_id: str, node: NodeDep, _principal: AdminDep) -> dict[str, Any]:
-    """Requeue a dead job with its attempts reset (409 if it is not dead)."""
-    return await node.call(RedriveJob(job_id))
+async def redrive(job_id: str, node: NodeDep, principal: AdminDep) -> dict[str, Any]:
+    """Requeue a dead job with its attempts reset (409 if it is not dead). The key's name
+    is recorded in the job's `redriven` event."""
+    return await node.call(RedriveJob(job_id, by=principal.name))
 
 
 @router.get("/queues", response_model=QueueList)

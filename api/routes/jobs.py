@@ -11,17 +11,25 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Response
 
-from dispatch.api.deps import ClientDep, NodeDep
+from dispatch.api.deps import AdminDep, ClientDep, NodeDep
 from dispatch.api.errors import ApiError
 from dispatch.api.hub import public_job
 from dispatch.api.leader import Leader, LeaderUnavailable
-from dispatch.api.loop_commands import CancelJob, ReadJobs
+from dispatch.api.loop_commands import CancelJob, CancelJobs, ReadJobs
 from dispatch.api.node import Node
-from dispatch.api.schemas import JobBatch, JobSubmission, error_responses
+from dispatch.api.schemas import (
+    BulkCancel,
+    BulkCancelled,
+    CancelBody,
+    JobBatch,
+    JobSubmission,
+    error_responses,
+)
 from dispatch.auth import Principal, Role
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.errors import RejectCode
-from dispatch.core.job import TERMINAL_STATUSES
+from dispatch.core.job import TERMINAL_STATUSES, JobStatus
+from dispatch.core.subjects import compile_pattern
 from dispatch.wire import Accepted, AcceptedBatch, JobView
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
@@ -61,6 +69,7 @@ def to_request(body: JobSubmission, principal: Principal, where: str = "body") -
             retry=None if body.retry is None else body.retry.model_dump(exclude_none=True),
             expires_at=body.expires_at,
             ttl_s=body.ttl_s,
+            max_run_s=body.max_run_s,
         )
     except ValueError as error:
         raise ApiError(422, f"{where}.{error}") from None
@@ -243,13 +252,27 @@ async def read_job(
             node.hub.forget_waiter(job_id, waiter)
 
 
-@router.delete(
-    "/jobs/{job_id}",
-    response_model=JobView,
-    responses={**_JOB_ERRORS, **error_responses({409: "The job is running or finished"})},
-)
+_CANCEL_ERRORS = {**_JOB_ERRORS, **error_responses({409: "The job has finished"})}
+
+
+@router.delete("/jobs/{job_id}", response_model=JobView, responses=_CANCEL_ERRORS)
 async def cancel(job_id: str, node: NodeDep, principal: ClientDep) -> dict[str, Any]:
-    """Cancel a queued job (409 if it is running or finished)."""
+    """Cancel a job, as `POST /v1/jobs/{id}/cancel` does without a reason."""
+    return await _cancel(node, principal, job_id, "")
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobView, responses=_CANCEL_ERRORS)
+async def cancel_with_reason(
+    job_id: str, node: NodeDep, principal: ClientDep, body: CancelBody | None = None
+) -> dict[str, Any]:
+    """Cancel a job. Queued: it ends `cancelled` at once. Running: its worker is told to stop
+    (the answer shows `cancelling`); it ends `cancelled` when the worker confirms, or after
+    the cancel grace. A repeat answers the same; a finished job answers 409
+    `not_cancellable`. The key's name is recorded in the job's events."""
+    return await _cancel(node, principal, job_id, "" if body is None else body.reason)
+
+
+async def _cancel(node: Node, principal: Principal, job_id: str, reason: str) -> dict[str, Any]:
     job = (await _known(node, [job_id])).get(job_id)
     if job is None:
         # Finished before the leader's window (Delta has it), or unknown (404).
@@ -257,8 +280,39 @@ async def cancel(job_id: str, node: NodeDep, principal: ClientDep) -> dict[str, 
         status = _visible(archived, principal, job_id)["status"]
         raise ApiError(
             409,
-            f"job {job_id!r} is {status}; only queued jobs can be cancelled",
+            f"job {job_id!r} is {status}; only queued and running jobs can be cancelled",
             RejectCode.NOT_CANCELLABLE.value,
         )
     _visible(job, principal, job_id)
-    return await node.call(CancelJob(job_id))
+    return await node.call(CancelJob(job_id, by=principal.name, reason=reason))
+
+
+@router.post(
+    "/jobs/cancel",
+    response_model=BulkCancelled,
+    responses=error_responses({422: "A field is refused; `detail` names it"}),
+)
+async def cancel_many(body: BulkCancel, node: NodeDep, principal: AdminDep) -> BulkCancelled:
+    """Admins: cancel up to `limit` jobs of an exec pattern and/or a client, queued (a purge,
+    the default), running, or any; oldest first. Call again while it cancels `limit`."""
+    if body.exec is None and body.client_id is None:
+        raise ApiError(
+            422, "body: give exec and/or client_id (a bulk cancel of everything is refused)"
+        )
+    if body.exec is not None:
+        try:
+            compile_pattern(body.exec)
+        except ValueError as error:
+            raise ApiError(422, f"body.exec: {error}") from None
+    statuses = _BULK_STATUSES[body.status]
+    command = CancelJobs(
+        body.exec, body.client_id, statuses, body.limit, by=principal.name, reason=body.reason
+    )
+    return BulkCancelled(**await node.call(command))
+
+
+_BULK_STATUSES = {
+    "queued": frozenset({JobStatus.QUEUED}),
+    "running": frozenset({JobStatus.RUNNING}),
+    "any": frozenset({JobStatus.QUEUED, JobStatus.RUNNING}),
+}

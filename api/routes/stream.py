@@ -63,6 +63,7 @@ from dispatch.api.loop_commands import (
     LoopCommand,
     LoseWorker,
     RejoinWorker,
+    StopOrders,
     WorkerAlive,
 )
 from dispatch.api.node import Node
@@ -295,6 +296,9 @@ async def _serve_worker(
     try:
         await socket.send_json({"type": "welcome", "node": term.node.address, "epoch": epoch})
         term.welcomed = True
+        # What the worker holds and must stop (cancelled, or ended while it was away).
+        for order in await term.call(StopOrders(held)):
+            await socket.send_text(fast_json.dumps_text({"type": "cancel", **order}))
         await _worker_session(socket, term, session, owner)
     finally:
         if hub.release_worker(session):
@@ -373,6 +377,9 @@ class _WorkerLoop:
         outbox = hub.outbox(self.worker_id)
         while True:
             await outbox.changed.wait()
+            if outbox.stops and hub.worker_session(self.worker_id) is self.session:
+                for order in outbox.take_stops():
+                    await self.socket.send_text(fast_json.dumps_text({"type": "cancel", **order}))
             taken = hub.take(self.worker_id, session=self.session)
             if self.session.batch:
                 for message in assign_many_messages(taken):

@@ -30,6 +30,7 @@ from dispatch.api.loop_commands import (
     JobView,
     PresentWorker,
     RejoinWorker,
+    StopOrders,
 )
 from dispatch.api.schemas import (
     Ack,
@@ -41,7 +42,7 @@ from dispatch.api.schemas import (
     Settled,
     SettledBatch,
 )
-from dispatch.wire import Assignments
+from dispatch.wire import CANCEL_REQUESTED, Assignments
 
 router = APIRouter(prefix="/v1", tags=["workers"])
 
@@ -71,7 +72,7 @@ async def poll(worker_id: str, body: Poll, node: NodeDep, principal: WorkerDep) 
     else:
         await node.call(PresentWorker(hub, worker_id, body.subjects, body.credits, owner))
     outbox = hub.outbox(worker_id)
-    if not outbox.items and body.wait_s > 0 and body.credits > 0:
+    if not outbox.items and not outbox.stops and body.wait_s > 0 and body.credits > 0:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(outbox.changed.wait(), timeout=body.wait_s)
     # A term that ended while we waited (even if this node leads again): 307 or 503, and
@@ -82,8 +83,19 @@ async def poll(worker_id: str, body: Poll, node: NodeDep, principal: WorkerDep) 
             "the leadership term of this poll ended",
             leader=elsewhere if elsewhere != node.address else None,
         )
+    # What it must stop: orders committed while it waited, and (after a failover or a missed
+    # answer) what its `held` says it runs that the leader ended or is cancelling.
+    stops = {(order["id"], order["attempt"]): order for order in outbox.take_stops()}
+    if body.held:
+        held = [(attempt.id, attempt.attempt, attempt.lease) for attempt in body.held]
+        for order in await node.call(StopOrders(held)):
+            stops.setdefault((order["id"], order["attempt"]), order)
     return Assignments.model_validate(
-        {"assignments": hub.take(worker_id, body.credits), "epoch": epoch}
+        {
+            "assignments": hub.take(worker_id, body.credits),
+            "epoch": epoch,
+            "cancel": list(stops.values()),
+        }
     )
 
 
@@ -119,11 +131,13 @@ async def fail(job_id: str, body: Fail, node: NodeDep, principal: WorkerDep) -> 
 async def heartbeat(
     job_id: str, body: Settle, node: NodeDep, principal: WorkerDep
 ) -> HeartbeatAnswer:
-    """Still working: the deadline moves to now + the attempt's timeout."""
+    """Still working: the deadline moves to now + the attempt's timeout (never past its
+    `max_run_s`). `cancel` set: the job was cancelled; stop, and fail the attempt to confirm."""
     owner = owner_of(principal)
     command = ExtendAttempt(job_id, body.attempt, body.lease, body.worker_id, owner)
     job = _settled(job_id, await node.call(command))
-    return HeartbeatAnswer(id=job_id, deadline=job["deadline"])
+    cancel = CANCEL_REQUESTED if job["cancel_requested_at"] is not None else None
+    return HeartbeatAnswer(id=job_id, deadline=job["deadline"], cancel=cancel)
 
 
 @router.post("/jobs:ack", response_model=SettledBatch)

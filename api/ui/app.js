@@ -272,6 +272,33 @@ async function redrive(button, jobId) {
   }
 }
 
+const CANCELLABLE = new Set(["queued", "retrying", "running"]);
+
+function cancelButton(jobId) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = "cancel";
+  button.dataset.action = "cancel";
+  button.textContent = "Cancel";
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    button.textContent = "Cancelling…";
+    try {
+      const job = await api(`/v1/jobs/${encodeURIComponent(jobId)}/cancel`, {
+        method: "POST",
+        body: JSON.stringify({ reason: "cancelled from the dashboard" }),
+      });
+      toast(`Cancelled ${jobId}: ${job.status}`, "ok");
+      showLookup();
+    } catch (error) {
+      toast(`Cancel of ${jobId} failed: ${error.message}`, "error");
+      button.disabled = false;
+      button.textContent = "Cancel";
+    }
+  });
+  return button;
+}
+
 function showDeadLetters(jobs) {
   $("dlq-count").textContent = jobs.length >= LIST_LIMIT ? `(first ${jobs.length})` : `(${jobs.length})`;
   syncRows($("dlq"), jobs, (job) => job.id, [
@@ -461,6 +488,11 @@ async function showLookup() {
         ? [["next attempt", job.next_attempt_at == null ? "when a worker is free" : until(job.next_attempt_at)]]
         : []),
       ...(job.expires_at == null ? [] : [["expires", until(job.expires_at)]]),
+      // The hard time limit of each attempt; while one runs, when it is stopped.
+      ...(job.max_run_s == null
+        ? []
+        : [["time limit", job.run_limit_at == null ? `${job.max_run_s} s an attempt` : `${job.max_run_s} s, stops ${until(job.run_limit_at)}`]]),
+      ...(job.cancel_requested_at == null ? [] : [["cancel asked", ago(job.cancel_requested_at)]]),
       ["submitted", ago(job.submitted_at)],
       ["updated", ago(job.updated_at)],
       ["error", job.error ?? "–"],
@@ -469,6 +501,7 @@ async function showLookup() {
       ["result", JSON.stringify(job.result)],
     ];
     result.dataset.status = job.status;
+    if (CANCELLABLE.has(job.status)) rows.push(["action", cancelButton(job.id)]);
   } catch (error) {
     if (error.status === 401 || error.status === 403) throw error;
     rows = [["error", error.status === 404 ? `no job ${state.lookupId}` : error.message]];

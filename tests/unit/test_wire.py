@@ -220,6 +220,8 @@ def _expected_view(record: JobRecord) -> dict[str, Any]:
         # A queued job that has run before waits for its next attempt: the API says so.
         "status": "retrying"
         if record.status is JobStatus.QUEUED and record.attempts > 0
+        else "cancelling"
+        if record.cancel_requested_at is not None
         else record.status.value,
         "attempts": record.attempts,
         "max_attempts": record.max_attempts,
@@ -237,6 +239,9 @@ def _expected_view(record: JobRecord) -> dict[str, Any]:
         if record.status is JobStatus.QUEUED and record.attempts > 0
         else None,
         "expires_at": record.expires_at,
+        "max_run_s": record.max_run_s,
+        "run_limit_at": record.run_limit_at,
+        "cancel_requested_at": record.cancel_requested_at,
     }
 
 
@@ -478,6 +483,9 @@ def _records(draw: st.DrawFn, status: JobStatus | None = None) -> JobRecord:
         error=draw(st.none() | st.text(max_size=20)),
         dead_reason=draw(st.sampled_from(DeadReason)) if status is JobStatus.DEAD else None,
         expires_at=draw(st.none() | _TIMES),
+        max_run_s=draw(st.none() | st.floats(min_value=0.001, max_value=1e6)),
+        run_limit_at=draw(st.none() | _TIMES) if running else None,
+        cancel_requested_at=draw(st.none() | _TIMES) if running else None,
     )
     check_record(record)
     return record

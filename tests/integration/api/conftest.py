@@ -7,15 +7,18 @@ no `io`)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
 import uvicorn
 from kafka import KafkaConsumer
+from websockets.sync.client import ClientConnection, connect
 
 from dispatch.api.app import create_app
 from dispatch.api.leader_io import NodeIO
@@ -216,3 +219,22 @@ def poll_until(
         assert time.monotonic() < deadline, f"got {len(got)} of {count} assignments"
         got += poll(worker, worker_id, subjects, credits=count - len(got), wait_s=2.0)
     return got
+
+
+def stream_socket(node: RunningNode, role: str) -> ClientConnection:
+    """A `WS /v1/stream` connection to `node` with the development key of `role`."""
+    url = node.url.replace("http://", "ws://") + "/v1/stream"
+    return connect(
+        url, additional_headers={"Authorization": f"Bearer {node.keys[role]}"}, proxy=None
+    )
+
+
+def receive(socket: ClientConnection, kind: str, timeout: float = 15.0) -> dict[str, Any]:
+    """The next message of type `kind` on `socket` (others are skipped)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        message: dict[str, Any] = json.loads(
+            socket.recv(timeout=max(0.01, deadline - time.monotonic()))
+        )
+        if message["type"] == kind:
+            return message

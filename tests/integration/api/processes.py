@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,31 @@ class ServiceProcess:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+@contextlib.contextmanager
+def killable_service(settings: Settings, log_file: Path) -> Iterator[ServiceProcess]:
+    """A node in a process of its own (so a test can kill it -9), stopped at the end
+    whatever happens; not started (the test calls `start`)."""
+    from dispatch.auth import ensure_dev_keys
+    from dispatch.stack.ports import free_port
+
+    ensure_dev_keys(settings.auth)
+    process = ServiceProcess(settings, free_port(), log_file)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def service_client(service: ServiceProcess, role: str) -> httpx.Client:
+    """An HTTP client of `service` with the development key of `role`."""
+    from dispatch.auth import ensure_dev_keys
+
+    key = ensure_dev_keys(service.settings.auth)[role]
+    return httpx.Client(
+        base_url=service.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
 
 
 def start_a_pair(

@@ -142,21 +142,30 @@ def test_result_is_awaited_with_long_poll(api_node: RunningNode) -> None:
         assert 0.3 < time.monotonic() - started < 10
 
 
-def test_cancel_a_queued_job_but_not_a_running_one(api_node: RunningNode) -> None:
+def test_cancel_a_queued_job_at_once_a_running_one_through_its_worker_a_finished_one_never(
+    api_node: RunningNode,
+) -> None:
     with api_node.client("client") as client, api_node.client("worker") as worker:
-        client.post("/v1/jobs", json={"id": "c1", "exec": "a.b"})
-        client.post("/v1/jobs", json={"id": "c2", "exec": "a.b"})
+        client.post("/v1/jobs", json={"id": "c1", "exec": "a.b", "timeout_s": 60})
+        client.post("/v1/jobs", json={"id": "c2", "exec": "a.b", "timeout_s": 60})
         [assignment] = poll_until(worker, "w1", ["job.assign.a.b"], 1)
         running, queued = (assignment["id"], "c2" if assignment["id"] == "c1" else "c1")
-        refused = client.delete(f"/v1/jobs/{running}")
-        assert refused.status_code == 409
-        assert refused.json()["error"] == "not_cancellable"
+        cancelling = client.delete(f"/v1/jobs/{running}")
+        assert cancelling.status_code == 200, cancelling.text
+        assert cancelling.json()["status"] == "cancelling"
         cancelled = client.delete(f"/v1/jobs/{queued}")
         assert cancelled.status_code == 200
         assert cancelled.json()["status"] == "cancelled"
-        # (The running one may come back as a retry once its 1 s deadline passes.)
         later = poll(worker, "w1", ["job.assign.a.b"], credits=5, wait_s=1.0)
         assert queued not in [assignment["id"] for assignment in later]
+        acked = worker.post(
+            f"/v1/jobs/{running}/ack", json={"attempt": 1, "lease": assignment["lease"]}
+        )
+        # It acked before it heard of the cancel: the work was done, the job succeeded.
+        assert acked.json()["status"] == "succeeded"
+        refused = client.delete(f"/v1/jobs/{running}")
+        assert refused.status_code == 409
+        assert refused.json()["error"] == "not_cancellable"
 
 
 def test_a_permanent_failure_dead_letters_and_redrive_runs_it_again(api_node: RunningNode) -> None:

@@ -10,11 +10,9 @@ import httpx
 import pytest
 
 from dispatch.api.memory_log import MemoryLog
-from dispatch.auth import ensure_dev_keys
 from dispatch.settings import Settings
-from dispatch.stack.ports import free_port
 from tests.integration.api.conftest import RunningNode, poll, poll_until, start_node, stop_node
-from tests.integration.api.processes import ServiceProcess
+from tests.integration.api.processes import ServiceProcess, killable_service, service_client
 
 pytestmark = pytest.mark.integration
 
@@ -161,23 +159,17 @@ def retry_service(broker_api_settings: Settings, tmp_path: Path) -> Iterator[Ser
     settings = with_retry_delay(broker_api_settings)
     dispatcher = settings.dispatcher.model_copy(update={"retry_delay_s": 8.0})
     settings = settings.model_copy(update={"dispatcher": dispatcher})
-    ensure_dev_keys(settings.auth)
-    process = ServiceProcess(settings, free_port(), tmp_path / "service.log")
-    try:
+    with killable_service(settings, tmp_path / "service.log") as process:
         yield process
-    finally:
-        process.stop()
 
 
 def test_a_retry_schedule_and_an_expiry_survive_a_kill_9(retry_service: ServiceProcess) -> None:
     """The new leader rebuilds from the log: the retrying job keeps its next attempt time
     (not sooner, not forgotten), and a job's expiry still ends it."""
     retry_service.start()
-    keys = ensure_dev_keys(retry_service.settings.auth)
 
     def client(role: str) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {keys[role]}"}
-        return httpx.Client(base_url=retry_service.url, headers=headers, timeout=30)
+        return service_client(retry_service, role)
 
     with client("client") as submitter, client("worker") as worker:
         submitter.post("/v1/jobs", json={"id": "k1", "exec": "a.b"}).raise_for_status()

@@ -9,6 +9,7 @@ the page works offline.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -233,6 +234,36 @@ def test_the_look_up_shows_a_retrying_job_s_next_attempt_and_an_expired_job(
         page.click("#lookup-go")
         expect(status).to_have_text("expired")
         expect(page.locator("#total-expired")).to_have_text("1")
+    dashboard.check_clean()
+
+
+def test_the_look_up_shows_a_time_limit_and_cancels_a_running_job(
+    dashboard: Dashboard, api_node: RunningNode
+) -> None:
+    page = dashboard.page
+    dashboard.open()
+    with api_node.client("admin") as admin, api_node.client("worker") as worker:
+        body = {"id": "ui-long", "exec": "ui.work", "max_run_s": 3600, "timeout_s": 600}
+        assert admin.post("/v1/jobs", json=body).status_code == 202
+        assignment = _take(worker, "ui-worker", "ui-long")
+        page.fill("#lookup-id", "ui-long")
+        page.click("#lookup-go")
+        status = page.locator("#lookup-result dd[data-field='status']")
+        expect(status).to_have_text("running")
+        expect(page.locator("#lookup-result dd[data-field='time limit']")).to_have_text(
+            re.compile(r"^3600 s, stops in (59|60) min$")
+        )
+        page.locator("#lookup-result button[data-action='cancel']").click()
+        expect(page.locator(".toast-ok")).to_have_text("Cancelled ui-long: cancelling")
+        expect(status).to_have_text("cancelling")
+        expect(page.locator("#lookup-result dd[data-field='cancel asked']")).to_be_visible()
+        # The worker stops, as told: the job ends cancelled, and the page offers no cancel.
+        _fail(worker, assignment, "stopped", retryable=False)
+        page.click("#lookup-go")
+        expect(status).to_have_text("cancelled")
+        expect(page.locator("#lookup-result button[data-action='cancel']")).to_have_count(0)
+        job = admin.get("/v1/jobs/ui-long").json()
+        assert job["status"] == "cancelled"
     dashboard.check_clean()
 
 

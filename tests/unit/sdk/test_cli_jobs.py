@@ -85,7 +85,7 @@ def test_register_adds_the_commands_once_and_keeps_the_stack_status() -> None:
 
     register(app)
     register(app)  # again: nothing
-    assert sorted(_names(app)) == ["status", "submit", "worker"]
+    assert sorted(_names(app)) == ["cancel", "status", "submit", "worker"]
     assert [group.name for group in app.registered_groups] == ["dlq"]
     result = CliRunner().invoke(app, ["status"])
     assert result.exit_code == 0 and shown == ["stack"]

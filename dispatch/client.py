@@ -632,6 +632,9 @@ class Submission(BaseModel):
     """Unix time: not started by then, the job ends `expired`."""
     ttl_s: float | None = Field(None, gt=0)
     """As `expires_at`, in seconds after the job is accepted."""
+    max_run_s: float | None = Field(None, gt=0)
+    """Hard time limit of each attempt, heartbeats or not: past it the attempt is stopped
+    and the job retried (`dead` with `time_limit` after its last attempt)."""
 
     def to_body(self) -> dict[str, Any]:
         """The JSON body, with an id made here when absent: a retried submit stays one job."""
@@ -654,16 +657,56 @@ def _model(kind: type[M]) -> Callable[[Answer], M]:
 
 @dataclass(frozen=True)
 class Polled:
-    """A poll's answer: the assignments, and the leader epoch that gave them."""
+    """A poll's answer: the assignments, the leader epoch that gave them, and the held
+    attempts the worker must stop (`{"id", "attempt", "reason"}`: `cancel_requested`,
+    `time_limit`, `ended`)."""
 
     assignments: list[dict[str, Any]]
     epoch: int | None
+    cancel: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _polled(response: Answer) -> Polled:
     answer = response.json()
     epoch = answer.get("epoch")
-    return Polled(list(answer["assignments"]), epoch if isinstance(epoch, int) else None)
+    cancel = [stop for stop in answer.get("cancel") or [] if isinstance(stop, dict)]
+    return Polled(list(answer["assignments"]), epoch if isinstance(epoch, int) else None, cancel)
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A heartbeat's answer: the attempt's new deadline (the leader's clock), and why the
+    worker must stop it (`cancel_requested`), None to carry on."""
+
+    deadline: float
+    cancel: str | None = None
+
+
+def _heartbeat(response: Answer) -> Heartbeat:
+    answer = response.json()
+    cancel = answer.get("cancel")
+    return Heartbeat(float(answer["deadline"]), cancel if isinstance(cancel, str) else None)
+
+
+CANCEL_STATUSES = ("queued", "running", "any")
+"""Which jobs `cancel_many` cancels: queued ones (at once), running ones (told to stop), or
+both."""
+
+
+def _cancel_many_body(
+    exec_pattern: str | None,
+    client_id: str | None,
+    status: str,
+    limit: int | None,
+    reason: str | None,
+) -> dict[str, Any]:
+    if status not in CANCEL_STATUSES:
+        raise ValueError(f"status must be 'queued', 'running' or 'any', got {status!r}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    body: dict[str, Any] = {"exec": exec_pattern, "client_id": client_id, "status": status,
+                            "limit": limit, "reason": reason}  # fmt: skip
+    return {name: value for name, value in body.items() if value is not None}
 
 
 def _accepted_batch(response: Answer) -> list[Accepted]:
@@ -729,9 +772,17 @@ class _Calls:
                      timeout_s=timeout_s)  # fmt: skip
 
     @staticmethod
-    def cancel(job_id: str) -> _Call[Job]:
+    def cancel(job_id: str, reason: str | None = None) -> _Call[Job]:
         # Not idempotent: a repeat after a lost answer would say 409 not_cancellable.
-        return _Call("DELETE", f"/v1/jobs/{_quote(job_id)}", _model(Job), idempotent=False)
+        body = None if reason is None else {"reason": reason}
+        return _Call("POST", f"/v1/jobs/{_quote(job_id)}/cancel", _model(Job), body=body,
+                     idempotent=False)  # fmt: skip
+
+    @staticmethod
+    def cancel_many(body: dict[str, Any]) -> _Call[dict[str, int]]:
+        # Not idempotent: a repeat would count again (and cancel what matches by then).
+        return _Call("POST", "/v1/jobs/cancel", lambda response: dict(response.json()),
+                     body=body, idempotent=False)  # fmt: skip
 
     @staticmethod
     def dlq(exec_name: str | None, limit: int) -> _Call[list[Job]]:
@@ -874,17 +925,19 @@ class Client(_Base):
         retry: Mapping[str, float] | None = None,
         expires_at: float | None = None,
         ttl_s: float | None = None,
+        max_run_s: float | None = None,
     ) -> Accepted:
         """Submit one job; answered once the dispatcher's log holds it. The same `id` again
         answers the existing job (`existing=True`). `retry` sets the job's own delays
         between attempts (`{"delay_s": 5, "multiplier": 2, "max_delay_s": 600, "jitter":
         0.2}`, any of them); `ttl_s` or `expires_at` the time after which it must not start
-        (it ends `expired`)."""
+        (it ends `expired`); `max_run_s` the hard time limit of each attempt (stopped past
+        it, heartbeats or not)."""
         submission = submission_of(
             {"exec": exec, "payload": payload, "id": id, "max_attempts": max_attempts,
              "timeout_s": timeout_s, "priority": priority, "delay_s": delay_s,
              "client_id": client_id, "retry": None if retry is None else dict(retry),
-             "expires_at": expires_at, "ttl_s": ttl_s}
+             "expires_at": expires_at, "ttl_s": ttl_s, "max_run_s": max_run_s}
         )  # fmt: skip
         return self._run(_Calls.submit(submission.to_body()))
 
@@ -925,9 +978,26 @@ class Client(_Base):
             if waiting.finished(job):
                 return job
 
-    def cancel(self, id: str) -> Job:
-        """Cancel a queued job (`Conflict` `not_cancellable` if it runs or ended)."""
-        return self._run(_Calls.cancel(id))
+    def cancel(self, id: str, *, reason: str | None = None) -> Job:
+        """Cancel a job: a queued one ends `cancelled` at once; a running one is `cancelling`
+        (its worker is told to stop; `cancelled` once it did, or after the leader's grace).
+        `Conflict` `not_cancellable` once it ended. `reason` becomes the job's `error`."""
+        return self._run(_Calls.cancel(id, reason))
+
+    def cancel_many(
+        self,
+        *,
+        exec: str | None = None,
+        client_id: str | None = None,
+        status: str = "queued",
+        limit: int | None = None,
+        reason: str | None = None,
+    ) -> dict[str, int]:
+        """Cancel every job matching `exec` (a pattern, `image.*`), `client_id` and `status`
+        (`queued`, `running` or `any`), at most `limit` (admin). Answers
+        `{"cancelled": n, "cancelling": m}` (running jobs told to stop)."""
+        body = _cancel_many_body(exec, client_id, status, limit, reason)
+        return self._run(_Calls.cancel_many(body))
 
     def dlq(self, exec: str | None = None, limit: int = 100) -> list[Job]:
         """Dead-lettered jobs, oldest first (admin)."""
@@ -1014,13 +1084,14 @@ class AsyncClient(_Base):
         retry: Mapping[str, float] | None = None,
         expires_at: float | None = None,
         ttl_s: float | None = None,
+        max_run_s: float | None = None,
     ) -> Accepted:
         """Submit one job (see `Client.submit`)."""
         submission = submission_of(
             {"exec": exec, "payload": payload, "id": id, "max_attempts": max_attempts,
              "timeout_s": timeout_s, "priority": priority, "delay_s": delay_s,
              "client_id": client_id, "retry": None if retry is None else dict(retry),
-             "expires_at": expires_at, "ttl_s": ttl_s}
+             "expires_at": expires_at, "ttl_s": ttl_s, "max_run_s": max_run_s}
         )  # fmt: skip
         return await self._run(_Calls.submit(submission.to_body()))
 
@@ -1057,8 +1128,22 @@ class AsyncClient(_Base):
             if waiting.finished(job):
                 return job
 
-    async def cancel(self, id: str) -> Job:
-        return await self._run(_Calls.cancel(id))
+    async def cancel(self, id: str, *, reason: str | None = None) -> Job:
+        """Cancel a job (see `Client.cancel`)."""
+        return await self._run(_Calls.cancel(id, reason))
+
+    async def cancel_many(
+        self,
+        *,
+        exec: str | None = None,
+        client_id: str | None = None,
+        status: str = "queued",
+        limit: int | None = None,
+        reason: str | None = None,
+    ) -> dict[str, int]:
+        """Cancel matching jobs (admin; see `Client.cancel_many`)."""
+        body = _cancel_many_body(exec, client_id, status, limit, reason)
+        return await self._run(_Calls.cancel_many(body))
 
     async def dlq(self, exec: str | None = None, limit: int = 100) -> list[Job]:
         return await self._run(_Calls.dlq(exec, limit))
@@ -1155,9 +1240,17 @@ class AsyncClient(_Base):
         self, job_id: str, attempt: int, lease: str, worker_id: str | None = None
     ) -> float:
         """Still working: the new deadline (the server's clock, epoch seconds)."""
-        call: _Call[float] = _Call(
-            "POST", f"/v1/jobs/{_quote(job_id)}/heartbeat",
-            lambda response: float(response.json()["deadline"]),
+        beat = await self.heartbeat_answer(job_id, attempt, lease, worker_id)
+        return beat.deadline
+
+    async def heartbeat_answer(
+        self, job_id: str, attempt: int, lease: str, worker_id: str | None = None
+    ) -> Heartbeat:
+        """`heartbeat`, answering also whether the worker must stop the attempt (its job
+        was cancelled: `cancel == "cancel_requested"`). A `Conflict` or `NotFound` says the
+        attempt is no longer the worker's."""
+        call: _Call[Heartbeat] = _Call(
+            "POST", f"/v1/jobs/{_quote(job_id)}/heartbeat", _heartbeat,
             body={"attempt": attempt, "lease": lease, "worker_id": worker_id},
         )  # fmt: skip
         return await self._run(call)

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from pydantic import PrivateAttr
 
 from dispatch import wire
 
@@ -31,12 +34,81 @@ class PermanentError(Exception):
     attempts remain."""
 
 
+class JobCancelled(Exception):
+    """Raised by `Assignment.raise_if_cancelled()`: the attempt was told to stop. The
+    worker settles it as `cancelled: <reason>`, whatever the handler raised."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"cancelled: {reason}")
+        self.reason = reason
+
+
+class _StopSignal:
+    """Whether an attempt was told to stop, and why: set from the worker's loop, read by a
+    handler in any thread. Not part of an assignment's value: every signal equals every
+    other, so equality (and what is serialised: only fields) ignores it."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason: str | None = None
+
+    def set(self, reason: str) -> bool:
+        """Say stop (the first reason wins); False when it was said already."""
+        if self.event.is_set():
+            return False
+        self.reason = reason
+        self.event.set()
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _StopSignal)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _StopSignal:
+        return _StopSignal()  # a copy is a new value: not told to stop (and Events do not copy)
+
+
 class Assignment(wire.Assignment):
     """One attempt at a job, as a handler receives it: the wire assignment (`id, exec,
     payload, attempt, deadline, lease`) and the id of the worker running it. `deadline` is
-    the leader's clock (epoch seconds); heartbeats move it while the handler runs."""
+    the leader's clock (epoch seconds); heartbeats move it while the handler runs.
+
+    `cancelled` turns true when the worker is told to stop this attempt (the job was
+    cancelled, the attempt reached the job's `max_run_s`, or the leader took it back);
+    `cancel_reason` says which (`cancel_requested`, `time_limit`, `ended`). A sync handler
+    checks it (or `raise_if_cancelled()`, `wait_cancelled(timeout)`); an async handler's
+    task is cancelled as well (`asyncio.CancelledError` at its current `await`)."""
 
     worker_id: str
+
+    _stop: _StopSignal = PrivateAttr(default_factory=_StopSignal)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the worker was told to stop this attempt."""
+        return self._stop.event.is_set()
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why it must stop (`cancel_requested`, `time_limit`, `ended`), None until then."""
+        return self._stop.reason
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Block (a sync handler's thread) until told to stop or `timeout` seconds passed;
+        True when told to stop. Handy as an interruptible `time.sleep`."""
+        return self._stop.event.wait(timeout)
+
+    def raise_if_cancelled(self) -> None:
+        """Raise `JobCancelled` once told to stop (the attempt then ends `cancelled`)."""
+        reason = self._stop.reason
+        if self._stop.event.is_set():
+            raise JobCancelled(reason or "cancel_requested")
+
+    def request_cancel(self, reason: str) -> bool:
+        """Tell the handler to stop (the worker runtime calls it; the first reason wins).
+        False when it was told already."""
+        return self._stop.set(reason)
 
     @classmethod
     def from_message(cls, message: Mapping[str, Any], worker_id: str) -> Assignment:
@@ -76,6 +148,13 @@ def outcome_of_result(result: Any) -> Outcome:
     except (TypeError, ValueError) as error:
         return Outcome("fail", error=f"the result is not JSON: {error}", retryable=False)
     return Outcome("ack", result=result)
+
+
+def stopped(reason: str) -> Outcome:
+    """A handler that ended (raised, or its task was cancelled) after it was told to stop:
+    not retryable (the leader decides: `cancelled` for a cancel, a refusal when the attempt
+    is no longer this worker's)."""
+    return Outcome("fail", error=f"cancelled: {reason}", retryable=False)
 
 
 def released(worker_id: str) -> Outcome:

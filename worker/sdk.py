@@ -23,6 +23,11 @@ it for good), reconnecting with backoff when the node goes away, and a graceful 
 SIGTERM it takes no more jobs, lets running ones finish for `grace_s`, and releases the rest
 (a retryable failure, so they are requeued at once rather than at their deadline).
 
+Stopping one attempt (its job was cancelled, it reached the job's `max_run_s`, or the leader
+took it back): the handler's `job.cancelled` turns true (a sync handler checks it), an async
+handler's task is cancelled, and a handler that ends so settles the attempt as
+`fail(retryable=False, error="cancelled: <reason>")` (see `_Runtime.stop_attempt`).
+
 Sync handlers run in threads of their own (daemon threads: one that ignores the grace period
 cannot keep the process alive); async handlers run on the worker's event loop.
 """
@@ -52,12 +57,14 @@ from dispatch.client import (
 )
 from dispatch.worker.jobs import (
     Assignment,
+    JobCancelled,
     Outcome,
     PermanentError,
     Retry,
     outcome_of_error,
     outcome_of_result,
     released,
+    stopped,
 )
 from dispatch.worker.subjects import HandlerTable, exec_pattern_of
 from dispatch.worker.tasks import Task, is_async, task_of
@@ -72,6 +79,10 @@ MIN_WINDOW_S = 0.3
 """Shortest deadline window assumed for a job (guards against clock skew with the leader)."""
 SETTLE_AT_EXIT_S = 10.0
 """How long a stopping worker waits for its last settlements to be sent."""
+NOT_OURS = frozenset({"stale_lease", "already_settled", "not_found"})
+"""Refusals saying an attempt is no longer this worker's: its handler is told to stop."""
+ENDED = "ended"
+"""The stop reason of an attempt the leader no longer has on this worker."""
 
 
 class WorkerError(Exception):
@@ -309,6 +320,23 @@ class _RunningJob:
         self.handler: asyncio.Future[Any] | None = None
         self.heartbeats: asyncio.Task[None] | None = None
         self.done = asyncio.Event()
+        self.stop_reason: str | None = None
+        """Set when the worker was told to stop this attempt (cancel, time limit, ended)."""
+
+    def stop(self, reason: str) -> bool:
+        """Tell the handler to stop: its `cancelled` flag is set, an async handler's task is
+        cancelled, heartbeats end (they cannot keep it any more). A sync handler runs on
+        until it notices (or returns); the slot is freed when it ends. False when it was
+        told already."""
+        if self.stop_reason is not None:
+            return False
+        self.stop_reason = reason
+        self.assignment.request_cancel(reason)
+        if self.heartbeats is not None and self.heartbeats is not _current_task():
+            self.heartbeats.cancel()
+        if self.spec.is_async and self.handler is not None:
+            self.handler.cancel()
+        return True
 
     def abort(self) -> None:
         """Give up on the handler (its thread, if any, runs on but is no longer awaited)."""
@@ -376,10 +404,27 @@ class _Runtime:
     def held(self) -> list[Assignment]:
         return [job.assignment for job in self._jobs.values()]
 
-    def refused(self, job_id: str, code: str) -> None:
-        for (running_id, _), job in self._jobs.items():
-            if running_id == job_id and job.heartbeats is not None:
+    def refused(self, job_id: str, code: str, attempt: int | None = None) -> None:
+        for (running_id, running_attempt), job in list(self._jobs.items()):
+            if running_id != job_id or attempt not in (None, running_attempt):
+                continue
+            if code in NOT_OURS:
+                # The leader no longer has it on this worker: stop working on it.
+                self.stop_attempt(job_id, running_attempt, ENDED)
+            elif job.heartbeats is not None:
                 job.heartbeats.cancel()
+
+    def stop_attempt(self, job_id: str, attempt: int | None, reason: str) -> None:
+        """The leader says stop `attempt` of `job_id` (None: whichever this worker runs):
+        the job was cancelled (`cancel_requested`), the attempt reached its `max_run_s`
+        (`time_limit`) or is no longer this worker's (`ended`). Unknown attempts (ended
+        here already) are ignored."""
+        for (running_id, running_attempt), job in list(self._jobs.items()):
+            if running_id != job_id or attempt not in (None, running_attempt):
+                continue
+            if job.stop(reason):
+                log.info("worker %s: stopping job %s attempt %d (%s)",
+                         self.worker_id, job_id, running_attempt, reason)  # fmt: skip
 
     def request_stop(self, grace_s: float | None = None) -> None:
         if grace_s is not None:
@@ -409,6 +454,21 @@ class _Runtime:
     async def _execute(self, job: _RunningJob) -> None:
         assignment = job.assignment
         key = (assignment.id, assignment.attempt)
+        try:
+            if job.stop_reason is not None:
+                # Told to stop between its arrival and now: it never starts.
+                outcome = stopped(job.stop_reason)
+            else:
+                outcome = await self._run_handler(job)
+            await self._settle(assignment, outcome)
+        finally:
+            del self._jobs[key]
+            job.done.set()
+            # Right after freeing the slot, in the same step (see Transport.slot_freed).
+            await self.transport.slot_freed()
+
+    async def _run_handler(self, job: _RunningJob) -> Outcome:
+        assignment = job.assignment
         if job.spec.heartbeat:
             job.heartbeats = asyncio.create_task(self._heartbeats(assignment))
         handler = job.handler = self._start_handler(job)
@@ -418,22 +478,18 @@ class _Runtime:
             if job.heartbeats is not None:
                 job.heartbeats.cancel()
                 await asyncio.gather(job.heartbeats, return_exceptions=True)
+        if job.stop_reason is not None and (handler.cancelled() or handler.exception()):
+            # Told to stop, and it did (a sync handler that returns anyway acks: the leader
+            # decides what a late result is worth).
+            return stopped(job.stop_reason)
         if handler.cancelled():
-            outcome = released(self.worker_id)
-        elif (error := handler.exception()) is not None:
-            outcome = outcome_of_error(error)
-            if not isinstance(error, Retry | PermanentError):
+            return released(self.worker_id)
+        if (error := handler.exception()) is not None:
+            if not isinstance(error, Retry | PermanentError | JobCancelled):
                 log.warning("worker %s: job %s attempt %d raised", self.worker_id,
                             assignment.id, assignment.attempt, exc_info=error)  # fmt: skip
-        else:
-            outcome = outcome_of_result(handler.result())
-        try:
-            await self._settle(assignment, outcome)
-        finally:
-            del self._jobs[key]
-            job.done.set()
-            # Right after freeing the slot, in the same step (see Transport.slot_freed).
-            await self.transport.slot_freed()
+            return outcome_of_error(error)
+        return outcome_of_result(handler.result())
 
     async def _settle(self, assignment: Assignment, outcome: Outcome) -> None:
         try:
@@ -456,6 +512,7 @@ class _Runtime:
             except (Conflict, NotFound) as refused:
                 log.warning("worker %s: job %s is no longer ours: %s",
                             self.worker_id, assignment.id, refused)  # fmt: skip
+                self.stop_attempt(assignment.id, assignment.attempt, ENDED)
                 return
             except DispatchError as error:
                 log.warning("worker %s: heartbeat of job %s failed: %s",
@@ -518,6 +575,13 @@ class _Runtime:
             job.abort()
 
 
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
+
+
 def _in_daemon_thread(
     function: Callable[[Assignment], Any], assignment: Assignment, name: str
 ) -> asyncio.Future[Any]:
@@ -551,6 +615,7 @@ def _in_daemon_thread(
 __all__ = [
     "Assignment",
     "Handler",
+    "JobCancelled",
     "Outcome",
     "PermanentError",
     "Retry",

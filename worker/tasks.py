@@ -27,7 +27,7 @@ import atexit
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypedDict, TypeVar, Unpack
 
 from pydantic import PrivateAttr
@@ -47,6 +47,10 @@ class SubmitOptions(TypedDict, total=False):
     priority: int
     delay_s: float
     client_id: str | None
+    retry: Mapping[str, float] | None
+    expires_at: float | None
+    ttl_s: float | None
+    max_run_s: float | None
 
 
 class Submitted(Accepted):

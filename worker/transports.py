@@ -3,7 +3,9 @@ default) or REST long-poll (`POST /v1/workers/{id}/poll`, then ack/fail/heartbea
 
 Both carry out the same duties for the runtime in `dispatch.worker.sdk`: deliver assignments to
 `runtime.accept`, keep the runtime's credit with the leader equal to its free slots, keep the
-worker alive in the leader's eyes, settle attempts, send job heartbeats, and come back after
+worker alive in the leader's eyes, settle attempts, send job heartbeats, pass on the leader's
+orders to stop an attempt (`runtime.stop_attempt`: a WebSocket `cancel` message, a poll's
+`cancel` list, a heartbeat answered with `cancel` or refused), and come back after
 the node goes away (the node list and the leader a follower names come from `AsyncClient`).
 
 Liveness: the leader forgets a worker it has not heard from for `dispatcher.worker_expiry_s`
@@ -81,8 +83,13 @@ class Runtime(Protocol):
         """An assignment arrived: run it (or release it)."""
         ...
 
-    def refused(self, job_id: str, code: str) -> None:
-        """The leader refused a heartbeat or settlement of `job_id`: it is no longer ours."""
+    def refused(self, job_id: str, code: str, attempt: int | None = None) -> None:
+        """The leader refused a heartbeat or settlement of `job_id` (of `attempt`; None: the
+        refusal did not say): it is no longer ours."""
+        ...
+
+    def stop_attempt(self, job_id: str, attempt: int | None, reason: str) -> None:
+        """The leader says stop this attempt (`cancel_requested`, `time_limit`, `ended`)."""
         ...
 
     def held(self) -> list[Assignment]:
@@ -131,6 +138,20 @@ def _settlement(held: Assignment, outcome: Outcome) -> dict[str, Any]:
         if outcome.retry_after_s is not None:
             message["retry_after_s"] = outcome.retry_after_s
     return message
+
+
+def _stop(runtime: Runtime, message: Mapping[str, Any]) -> None:
+    """A WebSocket `cancel` message or an entry of a poll's `cancel`: `{"id", "attempt",
+    "reason"}`."""
+    job_id, attempt, reason = message.get("id"), message.get("attempt"), message.get("reason")
+    if not isinstance(job_id, str):
+        log.error("worker %s: malformed cancel %r", runtime.worker_id, message)
+        return
+    runtime.stop_attempt(
+        job_id,
+        attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
+        reason if isinstance(reason, str) and reason else "cancel_requested",
+    )
 
 
 class _Outage:
@@ -224,6 +245,8 @@ class _KeepAlive:
             self.epoch = polled.epoch
         for assignment in polled.assignments:
             runtime.accept(assignment)
+        for stop in polled.cancel:
+            _stop(runtime, stop)
 
 
 class WebSocketTransport:
@@ -345,6 +368,8 @@ class WebSocketTransport:
             for assignment in message.get("assignments") or []:
                 if isinstance(assignment, dict):
                     self.runtime.accept(assignment)
+        elif kind == "cancel":
+            _stop(self.runtime, message)
         elif kind == "settled":
             if message.get("of") in ("ack", "fail"):
                 self._confirmed(str(message.get("id")))
@@ -360,8 +385,13 @@ class WebSocketTransport:
             log.warning("worker %s: job %s refused: %s (%s)", self.runtime.worker_id, job_id,
                         code, message.get("detail"))  # fmt: skip
             if code in SETTLEMENT_REFUSALS:
+                # A refused settlement is of an attempt that ended here (not running any
+                # more, and maybe followed by a newer attempt of the job on this worker,
+                # which must run on); otherwise a refused heartbeat of a running one.
+                settling = job_id in self._unconfirmed
                 self._confirmed(job_id)
-                self.runtime.refused(job_id, code)
+                if not settling:
+                    self.runtime.refused(job_id, code)
         else:
             log.warning("worker %s: %s", self.runtime.worker_id, error_from_body(None, message))
 
@@ -524,16 +554,19 @@ class RestTransport:
                 )  # fmt: skip
         except (Conflict, NotFound) as refused:
             log.warning("worker %s: job %s refused: %s", worker_id, held.id, refused)
-            self.runtime.refused(held.id, refused.error)
+            self.runtime.refused(held.id, refused.error, held.attempt)
             return
         self.alive.heard()
 
     async def heartbeat(self, held: Assignment) -> float | None:
-        deadline = await self.client.heartbeat(
+        # A refusal (Conflict, NotFound) reaches the runtime, which stops the attempt.
+        beat = await self.client.heartbeat_answer(
             held.id, held.attempt, held.lease, self.runtime.worker_id
         )
         self.alive.heard()
-        return deadline
+        if beat.cancel is not None:
+            self.runtime.stop_attempt(held.id, held.attempt, beat.cancel)
+        return beat.deadline
 
     async def slot_freed(self) -> None:
         self._slot_freed.set()

@@ -185,3 +185,67 @@ def test_async_client_and_the_results_stream(api_node: RunningNode) -> None:
                 await client.cancel("missing")
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_cancel_of_a_running_job_the_worker_calls_and_bulk_cancel(api_node: RunningNode) -> None:
+    async def scenario() -> None:
+        async with (
+            AsyncClient(api_node.url, api_node.keys["admin"]) as admin,
+            AsyncClient(api_node.url, api_node.keys["worker"]) as worker,
+        ):
+            await admin.submit("sdk.run.me", id="r1", max_run_s=600)
+            polled = await worker.poll_term("w1", SUBJECTS, 1, 5.0, held=[], epoch=None)
+            [assignment] = polled.assignments
+            attempt, lease = int(assignment["attempt"]), str(assignment["lease"])
+            running = await admin.get("r1")
+            assert running.status == "running" and running.max_run_s == 600
+            assert running.run_limit_at is not None and running.cancel_requested_at is None
+            beat = await worker.heartbeat_answer("r1", attempt, lease, "w1")
+            assert beat.cancel is None and beat.deadline <= running.run_limit_at
+
+            asked = await admin.cancel("r1", reason="changed my mind")
+            assert (asked.status, asked.attempts) == ("cancelling", 1)
+            assert (await admin.cancel("r1")).status == "cancelling"  # a repeat: the same
+            beat = await worker.heartbeat_answer("r1", attempt, lease, "w1")
+            assert beat.cancel == "cancel_requested"
+            again = await worker.poll_term(
+                "w1", SUBJECTS, 0, 0.0, held=[("r1", attempt, lease)], epoch=polled.epoch
+            )
+            assert again.cancel == [{"id": "r1", "attempt": 1, "reason": "cancel_requested"}]
+            await worker.fail("r1", attempt, lease, "cancelled: cancel_requested",
+                              retryable=False, worker_id="w1")  # fmt: skip
+            done = await admin.get("r1")
+            assert (done.status, done.terminal, done.run_limit_at) == ("cancelled", True, None)
+            with pytest.raises(Conflict):
+                await worker.heartbeat("r1", attempt, lease, "w1")
+
+            await admin.submit_many([{"exec": "sdk.bulk", "id": f"b{n}"} for n in range(3)])
+            for n in range(3):
+                while True:
+                    try:
+                        await admin.get(f"b{n}")
+                        break
+                    except NotFound:
+                        await asyncio.sleep(0.05)
+            assert await admin.cancel_many(exec="sdk.bulk", limit=2) == {
+                "cancelled": 2, "cancelling": 0,
+            }  # fmt: skip
+            assert await admin.cancel_many(exec="sdk.*", status="any") == {
+                "cancelled": 1, "cancelling": 0,
+            }  # fmt: skip
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_the_sync_client_cancels_with_a_reason_and_bulk(api_node: RunningNode) -> None:
+    with _client(api_node) as admin, _client(api_node, "client") as client:
+        client.submit("sdk.queued", id="q1")
+        visible(client, "q1")
+        cancelled = client.cancel("q1", reason="not needed")
+        assert cancelled.status == "cancelled"
+        admin.submit("sdk.queued", id="q2", client_id="c9")
+        visible(admin, "q2")
+        assert admin.cancel_many(client_id="c9") == {"cancelled": 1, "cancelling": 0}
+        assert admin.get("q2").status == "cancelled"
+        with pytest.raises(Forbidden):
+            client.cancel_many(exec="sdk.*")

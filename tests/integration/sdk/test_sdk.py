@@ -326,3 +326,98 @@ def test_a_rest_worker_gets_back_at_once_an_assignment_lost_with_the_previous_te
                 assert admin.wait("then", timeout_s=20).attempts == 1
     finally:
         server.stop()
+
+
+# --- cancelling a running job, and the time limit of an attempt -----------------------------
+
+
+def _stoppable_app() -> WorkerApp:
+    """`sdk.spin` (sync: checks `job.cancelled` in a loop) and `sdk.park` (async: awaits for
+    ever), each recording what it saw when it stopped."""
+    app = WorkerApp("sdk-stop", concurrency=1)
+    started: dict[tuple[str, int], float] = {}
+    stops: dict[tuple[str, int], str | None] = {}
+
+    @app.handler("sdk.spin")
+    def spin(job: Assignment) -> str:
+        started[(job.id, job.attempt)] = time.monotonic()
+        while not job.cancelled:
+            time.sleep(0.02)  # a step of the work
+        stops[(job.id, job.attempt)] = job.cancel_reason
+        job.raise_if_cancelled()
+        return "not reached"
+
+    @app.handler("sdk.park")
+    async def park(job: Assignment) -> str:
+        started[(job.id, job.attempt)] = time.monotonic()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            stops[(job.id, job.attempt)] = job.cancel_reason
+            raise
+        return "not reached"
+
+    app.started = started  # type: ignore[attr-defined]
+    app.stops = stops  # type: ignore[attr-defined]
+    return app
+
+
+@pytest.mark.parametrize("exec_name", ["sdk.spin", "sdk.park"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_cancelling_a_running_job_stops_its_handler(
+    api_node: RunningNode, transport: str, exec_name: str
+) -> None:
+    app = _stoppable_app()
+    job_id = f"stop-{exec_name}-{transport}"
+    with _admin(api_node) as admin, running_worker(app, api_node, transport=transport):
+        admin.submit(exec_name, id=job_id)
+        wait_until(lambda: (job_id, 1) in app.started)  # type: ignore[attr-defined]
+        asked = time.monotonic()
+        answer = admin.cancel(job_id, reason="no longer needed")
+        assert answer.status == "cancelling" and answer.cancel_requested_at is not None
+        job = admin.wait(job_id, timeout_s=20)
+        # The worker confirmed (failed the attempt): long before the leader's cancel grace.
+        assert job.status == "cancelled" and job.attempts == 1
+        assert time.monotonic() - asked < 10
+        assert app.stops == {(job_id, 1): "cancel_requested"}  # type: ignore[attr-defined]
+        # The slot was freed: the worker (concurrency 1) takes the next job.
+        admin.submit("sdk.park", id=f"{job_id}-next")
+        wait_until(lambda: (f"{job_id}-next", 1) in app.started)  # type: ignore[attr-defined]
+        assert admin.cancel(f"{job_id}-next").status == "cancelling"
+        assert admin.wait(f"{job_id}-next", timeout_s=20).status == "cancelled"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_attempt_past_its_max_run_s_is_stopped_and_retried_then_dead(
+    api_node: RunningNode, transport: str
+) -> None:
+    app = _stoppable_app()
+    job_id = f"limited-{transport}"
+    with _admin(api_node) as admin, running_worker(app, api_node, transport=transport):
+        # Heartbeats would keep it for ever; max_run_s does not let them.
+        admin.submit("sdk.park", id=job_id, max_run_s=1.5, max_attempts=2,
+                      retry={"delay_s": 0.2, "jitter": 0})  # fmt: skip
+        job = admin.wait(job_id, timeout_s=30)
+        assert (job.status, job.dead_reason, job.attempts, job.max_run_s) == (
+            "dead", "time_limit", 2, 1.5,
+        )  # fmt: skip
+        # Both attempts ran on this worker (one slot: the first was stopped and freed it),
+        # each stopped once its time was up.
+        wait_until(lambda: len(app.stops) == 2)  # type: ignore[attr-defined]
+        assert set(app.stops) == {(job_id, 1), (job_id, 2)}  # type: ignore[attr-defined]
+        assert set(app.stops.values()) <= {"time_limit", "ended"}  # type: ignore[attr-defined]
+        ran = app.started[(job_id, 2)] - app.started[(job_id, 1)]  # type: ignore[attr-defined]
+        assert ran >= 1.4, ran
+
+
+def test_cancel_many_cancels_queued_and_running_jobs(api_node: RunningNode) -> None:
+    app = _stoppable_app()
+    with _admin(api_node) as admin, running_worker(app, api_node, transport="ws"):
+        admin.submit_many([{"exec": "sdk.park", "id": f"many{n}"} for n in range(3)])
+        wait_until(lambda: any(key[0].startswith("many") for key in app.started))  # type: ignore[attr-defined]
+        for n in range(3):
+            visible(admin, f"many{n}")
+        answer = admin.cancel_many(exec="sdk.park", status="any", reason="purge")
+        assert answer == {"cancelled": 2, "cancelling": 1}
+        for n in range(3):
+            assert admin.wait(f"many{n}", timeout_s=20).status == "cancelled"

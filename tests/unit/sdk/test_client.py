@@ -385,3 +385,77 @@ def test_a_wait_is_cut_into_long_polls_within_its_timeout() -> None:
     short.started -= 10  # long after the submit: it really does not exist
     with pytest.raises(NotFound):
         short.not_found(missing)
+
+
+# --- cancel and the time limit --------------------------------------------------------------
+
+
+def _job_answer(job_id: str, status: str) -> dict[str, object]:
+    return {"id": job_id, "client_id": "c", "exec": "a.b", "status": status, "attempts": 1,
+            "max_attempts": 3, "timeout_s": 30.0, "submitted_at": 1.0, "updated_at": 2.0,
+            "max_run_s": 60.0, "run_limit_at": 61.0, "cancel_requested_at": 2.0}  # fmt: skip
+
+
+def test_cancel_posts_to_the_jobs_cancel_route_with_an_optional_reason() -> None:
+    seen: list[tuple[str, str, bytes]] = []
+
+    def node(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.raw_path.decode(), request.content))
+        if request.url.path == "/v1/jobs/cancel":
+            return httpx.Response(200, json={"cancelled": 2, "cancelling": 1})
+        return httpx.Response(200, json=_job_answer("a/b", "cancelling"))
+
+    with Client("http://a:8000", "k") as client:
+        client._transport = HttpxTransport(httpx.MockTransport(node))
+        job = client.cancel("a/b")
+        assert (job.status, job.cancel_requested_at, job.max_run_s) == ("cancelling", 2.0, 60.0)
+        client.cancel("a/b", reason="not needed")
+        assert client.cancel_many(exec="image.*", status="any", limit=10, reason="r") == {
+            "cancelled": 2, "cancelling": 1,
+        }  # fmt: skip
+        client.cancel_many()
+        with pytest.raises(ValueError, match="status"):
+            client.cancel_many(status="dead")
+    assert [(method, path) for method, path, _ in seen] == [
+        ("POST", "/v1/jobs/a%2Fb/cancel"), ("POST", "/v1/jobs/a%2Fb/cancel"),
+        ("POST", "/v1/jobs/cancel"), ("POST", "/v1/jobs/cancel"),
+    ]  # fmt: skip
+    assert seen[0][2] == b""
+    assert [json.loads(body) for _, _, body in seen[1:]] == [
+        {"reason": "not needed"},
+        {"exec": "image.*", "status": "any", "limit": 10, "reason": "r"},
+        {"status": "queued"},
+    ]
+
+
+def test_cancels_are_not_retried_after_a_lost_answer() -> None:
+    tries: list[str] = []
+
+    def node(request: httpx.Request) -> httpx.Response:
+        tries.append(request.url.path)
+        raise httpx.ReadTimeout("lost", request=request)
+
+    with Client("http://a:8000", "k", retry_timeout_s=5.0) as client:
+        client._transport = HttpxTransport(httpx.MockTransport(node))
+        for call in (lambda: client.cancel("j"), lambda: client.cancel_many(status="any")):
+            with pytest.raises(Unavailable):
+                call()
+    assert tries == ["/v1/jobs/j/cancel", "/v1/jobs/cancel"]
+
+
+def test_max_run_s_is_a_submit_option() -> None:
+    assert Submission(exec="a.b", max_run_s=90).to_body()["max_run_s"] == 90
+    assert "max_run_s" not in Submission(exec="a.b").to_body()
+    with pytest.raises(Invalid, match=r"job\.max_run_s"):
+        submission_of({"exec": "a.b", "max_run_s": 0})
+    bodies: list[dict[str, object]] = []
+
+    def node(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(202, json={"id": bodies[-1]["id"], "status": "queued"})
+
+    with Client("http://a:8000", "k") as client:
+        client._transport = HttpxTransport(httpx.MockTransport(node))
+        client.submit("a.b", id="x", max_run_s=5.5, ttl_s=60)
+    assert bodies == [{"exec": "a.b", "payload": None, "id": "x", "priority": 0,
+                       "delay_s": 0.0, "ttl_s": 60, "max_run_s": 5.5}]  # fmt: skip

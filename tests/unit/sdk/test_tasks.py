@@ -203,3 +203,11 @@ def test_the_default_client_comes_from_the_environment_once(
     finally:
         set_default_client(previous)
         client.close()
+
+
+def test_a_task_submits_with_the_time_limit_and_the_other_job_options(node: MockNode) -> None:
+    resize.submit({"w": 1}, id="img-2", max_run_s=120, ttl_s=60, retry={"delay_s": 2})
+    assert node.bodies == [
+        {"exec": "image.resize", "payload": {"w": 1}, "id": "img-2", "max_run_s": 120,
+         "ttl_s": 60, "retry": {"delay_s": 2}, "priority": 0, "delay_s": 0.0},
+    ]  # fmt: skip

@@ -182,8 +182,11 @@ class _Runtime:
     def accept(self, message: Mapping[str, Any]) -> None:
         self.received.append(WorkerAssignment.from_message(message, self.worker_id))
 
-    def refused(self, job_id: str, code: str) -> None:
+    def refused(self, job_id: str, code: str, attempt: int | None = None) -> None:
         raise AssertionError(f"refused {job_id}: {code}")
+
+    def stop_attempt(self, job_id: str, attempt: int | None, reason: str) -> None:
+        raise AssertionError(f"told to stop {job_id}: {reason}")
 
     def held(self) -> list[WorkerAssignment]:
         return []

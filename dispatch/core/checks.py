@@ -9,8 +9,10 @@ from collections import Counter
 from typing import Any
 
 from dispatch.core.dispatcher import Dispatcher
+from dispatch.core.events import PauseScope
 from dispatch.core.job import JobStatus, check_record
 from dispatch.core.state import DispatcherState
+from dispatch.core.subjects import compile_pattern, match_tokens
 from dispatch.core.workers import pick_worker
 
 Checked = Dispatcher | DispatcherState
@@ -49,6 +51,10 @@ def state_view(checked: Checked) -> dict[str, Any]:
             if client.inflight
         },
         "dead_letters": list(state._dead),
+        "pauses": {
+            f"{scope.value}:{target}": paused.to_dict()
+            for (scope, target), paused in sorted(state._pauses.items())
+        },
     }
 
 
@@ -140,6 +146,7 @@ def _check_workers_and_clients(state: DispatcherState, inflight: Counter[str]) -
             assert job.worker_id == worker_id
     for client_id, client in state._clients.items():
         assert client.inflight == inflight[client_id], f"{client_id}: in-flight count off"
+    _check_pauses(state)
     assert {job.id for job in jobs.values() if job.status is JobStatus.DEAD} == set(state._dead)
     live_deadlines = {
         entry[2].id
@@ -150,16 +157,37 @@ def _check_workers_and_clients(state: DispatcherState, inflight: Counter[str]) -
     assert live_deadlines == running, "a running job has no deadline entry"
 
 
+def _check_pauses(state: DispatcherState) -> None:
+    """Queues and clients are paused exactly when a pause in force names them."""
+    exec_patterns = {
+        target: compile_pattern(target)
+        for scope, target in state._pauses
+        if scope is PauseScope.EXEC
+    }
+    assert state._paused_execs == exec_patterns, "exec pauses and their patterns disagree"
+    for (scope, target), paused in state._pauses.items():
+        assert (paused.scope, paused.target) == (scope, target)
+    for exec_name, queue in state._queues.items():
+        held = any(match_tokens(pattern, queue.tokens) for pattern in exec_patterns.values())
+        assert queue.paused == held, f"{exec_name}: paused is {queue.paused}, pauses say {held}"
+    for client_id, client in state._clients.items():
+        held = (PauseScope.CLIENT, client_id) in state._pauses
+        assert client.paused == held, f"{client_id}: paused is {client.paused}, pauses say {held}"
+        assert client.room == (0 if held else client.cap), f"{client_id}: room off"
+
+
 def check_work_conserving(checked: Checked) -> None:
-    """After an assignment pass: no ready job of a client under its cap is left waiting while
-    a matching worker has credit."""
+    """After an assignment pass: no ready job of a client under its cap (and not paused) is
+    left waiting in a queue that is not paused while a matching worker has credit."""
     state = _state_of(checked)
     for queue in state._queues.values():
+        if queue.paused:
+            continue
         workers = [w for w in state._workers.values() if w.matches(queue.subject)]
         if pick_worker(workers) is None:
             continue
         for lane in queue.lanes():
-            assert lane.client.inflight >= lane.client.cap, (
+            assert lane.client.inflight >= lane.client.room, (
                 f"{queue.exec}: client {lane.client.client_id} waits under its cap "
                 "while a matching worker has credit"
             )

@@ -165,7 +165,7 @@ class ClientCommands:
         (`not_cancellable`). `by` names the API key asking (recorded in the event)."""
         job = self._scheduler.known_job(job_id)
         reason = _checked_reason(reason, job_id)
-        by = _checked_by(by, job_id)
+        by = checked_by(by, job_id)
         state = self._state
         if job.status is JobStatus.RUNNING:
             if job.cancel_requested_at is not None:
@@ -227,7 +227,7 @@ class ClientCommands:
         except ValueError as error:
             raise Rejected(RejectCode.INVALID, str(error)) from None
         reason = _checked_reason(reason, None)
-        by = _checked_by(by, None)
+        by = checked_by(by, None)
         state = self._state
         now = state.advance_to(now)
         chosen: list[JobRecord] = []
@@ -257,7 +257,7 @@ class ClientCommands:
         asking (recorded in the event)."""
         scheduler = self._scheduler
         job = scheduler.known_job(job_id)
-        by = _checked_by(by, job_id)
+        by = checked_by(by, job_id)
         if job.status is not JobStatus.DEAD:
             raise Rejected(
                 RejectCode.NOT_DEAD,
@@ -275,7 +275,7 @@ class ClientCommands:
         return out
 
 
-def _checked_by(by: object, job_id: str | None) -> str | None:
+def checked_by(by: object, job_id: str | None) -> str | None:
     """None, or an API key's name: a non-empty string (an empty one would not survive the
     event's round trip, which leaves out an unset `by`)."""
     try:

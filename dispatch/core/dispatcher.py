@@ -10,6 +10,7 @@ body there). The parts share one `DispatcherState` (the state and its fold, `app
 - `client_commands.ClientCommands`: `submit`, `submit_many`, `cancel`, `cancel_where`,
   `redrive`;
 - `worker_commands.WorkerCommands`: `join`, `grant_credit`, `worker_heartbeat`, `lose_worker`;
+- `control_commands.ControlCommands`: `pause`, `unpause` (and the `pauses` query);
 - `settlement.SettlementCommands`: `ack`, `ack_many`, `fail`, `heartbeat`;
 - `queries.DispatcherQueries`: read-only questions.
 
@@ -21,14 +22,15 @@ returned list may end with `assigned` events.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from dispatch.core.client_commands import MAX_CANCEL_BATCH, ClientCommands
 from dispatch.core.commands import SubmitRequest
 from dispatch.core.config import CoreConfig
+from dispatch.core.control_commands import ControlCommands
 from dispatch.core.errors import Rejected
-from dispatch.core.events import Event
+from dispatch.core.events import Event, Paused
 from dispatch.core.fence import EpochFence
 from dispatch.core.job import JobRecord, JobStatus
 from dispatch.core.leader_commands import LeaderCommands
@@ -66,6 +68,7 @@ class Dispatcher:
         self._client_commands = ClientCommands(state, scheduler)
         self._worker_commands = WorkerCommands(state, scheduler)
         self._settlement = SettlementCommands(state, scheduler)
+        self._control = ControlCommands(state, scheduler)
         self._queries = DispatcherQueries(state)
 
     @property
@@ -161,6 +164,22 @@ class Dispatcher:
         """Requeue a dead-lettered job with its attempts reset to 0 (`by`: who asked)."""
         return self._client_commands.redrive(job_id, now, by=by)
 
+    # --- operator controls -----------------------------------------------------------------
+
+    def pause(
+        self, scope: str, target: str, now: float, *, by: str | None = None, reason: str = ""
+    ) -> list[Event]:
+        """Start nothing new of an exec pattern (`scope="exec"`) or a client (`"client"`)."""
+        return self._control.pause(scope, target, now, by=by, reason=reason)
+
+    def unpause(self, scope: str, target: str, now: float, *, by: str | None = None) -> list[Event]:
+        """End that pause (`resumed`), then assign what it held."""
+        return self._control.unpause(scope, target, now, by=by)
+
+    def pauses(self) -> list[Paused]:
+        """The pauses in force (each its `paused` event), oldest first."""
+        return self._control.pauses()
+
     # --- workers ---------------------------------------------------------------------------
 
     def join(
@@ -250,10 +269,12 @@ class Dispatcher:
         *,
         worker_id: str | None = None,
         owner: str | None = None,
+        progress: Mapping[str, Any] | None = None,
     ) -> list[Event]:
-        """The worker is still on the job: its deadline moves to now + the attempt's timeout."""
+        """The worker is still on the job: its deadline moves to now + the attempt's timeout
+        (never past its time limit); `progress` becomes the job's latest report."""
         return self._settlement.heartbeat(
-            job_id, attempt, lease, now, worker_id=worker_id, owner=owner
+            job_id, attempt, lease, now, worker_id=worker_id, owner=owner, progress=progress
         )
 
     # --- queries ---------------------------------------------------------------------------
@@ -322,6 +343,14 @@ class Dispatcher:
         """Jobs of the client running now."""
         return self._queries.inflight(client_id)
 
+    def exec_paused(self, exec_name: str) -> bool:
+        """Whether an exec pause in force holds jobs of `exec_name`."""
+        return self._queries.exec_paused(exec_name)
+
+    def client_paused(self, client_id: str) -> bool:
+        """Whether a pause of the client is in force."""
+        return self._queries.client_paused(client_id)
+
     def client_loads(self) -> ClientLoads:
         """Queued and running jobs per (client, exec), in O(lanes + delayed + running)."""
         return self._queries.client_loads()
@@ -341,6 +370,7 @@ class Dispatcher:
         workers: Iterable[WorkerRecord] = (),
         epoch: int = 0,
         owned: bool = False,
+        pauses: Iterable[Paused] = (),
     ) -> Dispatcher:
         """A dispatcher holding a snapshot: the job records (e.g. the Delta `jobs` table at
         some version), optionally the workers, and the fence epoch the snapshot was taken at.
@@ -353,8 +383,11 @@ class Dispatcher:
         themselves (no copy: see BENCHMARKS.md, *Rebuild*) and mutates them from then on,
         so pass only records nothing else refers to and do not use them afterwards (e.g. the
         list `dispatch.delta.snapshot.latest_snapshot` just read). ValueError names the first
-        inconsistent record.
+        inconsistent record. `pauses` are the pauses in force at the snapshot (the `paused`
+        events the streaming fold keeps).
         """
         dispatcher = cls(config, epoch=epoch)
         load_snapshot(dispatcher.state, jobs, workers, owned=owned)
+        for paused in pauses:
+            dispatcher.state._on_paused(paused)
         return dispatcher

@@ -17,8 +17,9 @@ from typing import Any, ClassVar
 
 from dispatch.core import _validate as v
 from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN, DeadReason, RequeueReason
+from dispatch.core.progress import check_progress
 from dispatch.core.retry import RetryPolicy
-from dispatch.core.subjects import validate_exec, validate_patterns
+from dispatch.core.subjects import compile_pattern, validate_exec, validate_patterns
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +61,46 @@ class Pruned(Event):
 
     type: ClassVar[str] = "pruned"
     before: float
+
+
+class PauseScope(StrEnum):
+    """What a pause holds: the queues of an exec pattern, or a client's jobs."""
+
+    EXEC = "exec"
+    CLIENT = "client"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Paused(Event):
+    """No new attempt starts for `target` (an exec pattern, or a client id, per `scope`)
+    until it is resumed; running attempts go on."""
+
+    type: ClassVar[str] = "paused"
+    scope: PauseScope
+    target: str
+    by: str | None = None
+    """The name of the API key that paused it (None: not recorded)."""
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = Event.to_dict(self)
+        _drop_unset(out, ("by", "reason"))
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resumed(Event):
+    """A pause of `target` ended: its queued jobs may start again."""
+
+    type: ClassVar[str] = "resumed"
+    scope: PauseScope
+    target: str
+    by: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = Event.to_dict(self)
+        _drop_unset(out, ("by",))
+        return out
 
 
 # --- facts about workers -------------------------------------------------------------------
@@ -191,6 +232,17 @@ class JobHeartbeat(JobEvent):
     attempt: int
     lease: str
     deadline: float
+    progress: Mapping[str, Any] | None = None
+    """The worker's progress report (`{done, total, message}`), at most one a second per
+    job (None: none, or one too soon after the last)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = Event.to_dict(self)
+        if self.progress is None:
+            del out["progress"]
+        else:
+            out["progress"] = dict(self.progress)
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -304,6 +356,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
     for cls in (
         LeaderElected,
         Pruned,
+        Paused,
+        Resumed,
         WorkerJoined,
         CreditGranted,
         WorkerHeartbeat,
@@ -373,6 +427,26 @@ def _lease(value: Any, label: str) -> str:
     return lease
 
 
+def _pause_target(value: Any, label: str) -> str:
+    target = v.as_str(value, label)
+    if not target:
+        raise ValueError(f"{label}: expected a non-empty string")
+    return target
+
+
+def _check_pause_target(type_name: str, scope: PauseScope, target: str) -> None:
+    """A pause's target as its scope wants it: a well-formed exec pattern, or a client id
+    (so that folding the event cannot fail on it)."""
+    label = f"{type_name}.target"
+    if scope is PauseScope.CLIENT:
+        v.as_id(target, label)
+        return
+    try:
+        compile_pattern(target)
+    except ValueError as error:
+        raise ValueError(f"{label}: {error}") from None
+
+
 _COMMON: dict[str, _Parse] = {
     "epoch": lambda value, label: v.as_int(value, label, minimum=0),
     "at": v.as_number,
@@ -381,6 +455,17 @@ _JOB: dict[str, _Parse] = {"job_id": v.as_id}
 _SCHEMAS: dict[type[Event], dict[str, _Parse]] = {
     LeaderElected: {"holder": v.as_str},
     Pruned: {"before": v.as_number},
+    Paused: {
+        "scope": lambda value, label: v.as_enum(PauseScope, value, label),
+        "target": _pause_target,
+        "by": v.as_opt_str,
+        "reason": v.as_str,
+    },
+    Resumed: {
+        "scope": lambda value, label: v.as_enum(PauseScope, value, label),
+        "target": _pause_target,
+        "by": v.as_opt_str,
+    },
     WorkerJoined: {"worker_id": v.as_id, "subjects": _subjects, "owner": v.as_opt_str},
     CreditGranted: {
         "worker_id": v.as_id,
@@ -428,6 +513,7 @@ _SCHEMAS: dict[type[Event], dict[str, _Parse]] = {
         "attempt": _attempt,
         "lease": _lease,
         "deadline": v.as_number,
+        "progress": lambda value, label: None if value is None else check_progress(value, label),
     },
     Completed: {
         **_JOB,
@@ -512,4 +598,6 @@ def event_from_dict(data: Mapping[str, Any]) -> Event:
             "cancelled.attempt: a running job's cancel names both worker_id and attempt, a "
             "queued job's neither"
         )
+    if cls is Paused or cls is Resumed:
+        _check_pause_target(type_name, kwargs["scope"], kwargs["target"])
     return cls(**kwargs)

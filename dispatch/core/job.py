@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from dispatch.core import _validate as v
+from dispatch.core.progress import stored_progress
 from dispatch.core.retry import RetryPolicy
 from dispatch.core.subjects import validate_exec
 
@@ -143,6 +144,9 @@ class JobRecord:
     """Running: when the current attempt reaches `max_run_s` (None: no limit)."""
     cancel_requested_at: float | None = None
     """Running: when a cancel was asked for (the worker was told to stop); None: never."""
+    progress: dict[str, Any] | None = None
+    """The latest progress its worker reported for the current attempt (`{done, total,
+    message, at}`; see `dispatch.core.progress`), kept once the job ends; None: none."""
 
     def copy(self) -> JobRecord:
         return JobRecord(
@@ -170,6 +174,7 @@ class JobRecord:
             self.max_run_s,
             self.run_limit_at,
             self.cancel_requested_at,
+            self.progress,
         )
 
     @property
@@ -246,13 +251,14 @@ class JobRecord:
             cancel_requested_at=v.as_opt_number(
                 get("cancel_requested_at", None), "job.cancel_requested_at"
             ),
+            progress=stored_progress(get("progress", None)),
         )
         check_record(record)
         return record
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(JobRecord))
-_LATER_FIELDS = ("expires_at", "max_run_s", "run_limit_at", "cancel_requested_at")
+_LATER_FIELDS = ("expires_at", "max_run_s", "run_limit_at", "cancel_requested_at", "progress")
 """Optional fields added after the first Delta tables: left out of `to_dict` when unset."""
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from dispatch.core.events import PauseScope
 from dispatch.core.job import JobRecord, JobStatus
 from dispatch.core.state import DispatcherState
 from dispatch.core.workers import WorkerRecord
@@ -156,6 +157,15 @@ class DispatcherQueries:
         """Jobs of the client running now."""
         client = self._state._clients.get(client_id)
         return 0 if client is None else client.inflight
+
+    def exec_paused(self, exec_name: str) -> bool:
+        """Whether an exec pause in force holds jobs of `exec_name` (O(exec pauses))."""
+        state = self._state
+        return bool(state._paused_execs) and state._exec_paused(tuple(exec_name.split(".")))
+
+    def client_paused(self, client_id: str) -> bool:
+        """Whether a pause of the client is in force."""
+        return (PauseScope.CLIENT, client_id) in self._state._pauses
 
     def client_loads(self) -> ClientLoads:
         """Queued and running jobs per (client, exec); pairs with neither are left out.

@@ -38,22 +38,30 @@ one."""
 
 
 class ClientState:
-    """A client's in-flight count against its cap, the lanes parked while it is full, and
-    how many exec queues it created."""
+    """A client's in-flight count against its cap, the lanes parked while it is full (or
+    paused), and how many exec queues it created."""
 
-    __slots__ = ("cap", "client_id", "exec_queues", "inflight", "parked")
+    __slots__ = ("cap", "client_id", "exec_queues", "inflight", "parked", "paused", "room")
 
     def __init__(self, client_id: str, cap: int) -> None:
         self.client_id = client_id
         self.cap = cap
+        self.room = cap
+        """How many jobs it may have running for a new one to start: its cap, or 0 while it
+        is paused (one number, so the assignment loop checks nothing more than before)."""
+        self.paused = False
         self.inflight = 0
         self.parked: list[Lane] = []
         self.exec_queues = 0
         """Exec queues its submissions created (see MAX_EXEC_QUEUES_PER_CLIENT)."""
 
+    def pause(self, paused: bool) -> None:
+        self.paused = paused
+        self.room = 0 if paused else self.cap
+
     @property
     def full(self) -> bool:
-        return self.inflight >= self.cap
+        return self.inflight >= self.room
 
 
 class Lane:
@@ -205,16 +213,20 @@ class ExecQueue:
         "exec",
         "in_rotation",
         "levels",
+        "paused",
         "priorities",
         "ready",
         "running",
         "subject",
+        "tokens",
         "workers",
     )
 
     def __init__(self, exec_name: str) -> None:
         self.exec = exec_name
         self.subject: tuple[str, ...] = tuple(assign_subject(exec_name).split("."))
+        self.tokens: tuple[str, ...] = tuple(exec_name.split("."))
+        """The exec name's tokens (what an exec pause's pattern is matched against)."""
         self.levels: dict[int, Level] = {}
         self.priorities: list[int] = []
         """Priorities that have a level, highest first (stored negated for insort)."""
@@ -222,6 +234,8 @@ class ExecQueue:
         self.delayed = 0
         self.running = 0
         self.in_rotation = False
+        self.paused = False
+        """A pause of an exec pattern matching it holds its ready jobs (running ones go on)."""
         self.workers: list[WorkerState] | None = None
         """Matching workers, computed on demand; None after any worker joins or leaves."""
 
@@ -307,7 +321,7 @@ class ExecQueue:
                     lane.in_rotation = False
                     continue
                 client = lane.client
-                if client.inflight >= client.cap:
+                if client.inflight >= client.room:
                     rotation.popleft()
                     lane.in_rotation = False
                     lane.parked = True
@@ -329,8 +343,9 @@ class ExecQueue:
 
 
 def unpark(client: ClientState) -> list[Lane]:
-    """The client went under its cap: put its parked lanes back at the end of their rotations.
-    Returns the lanes that re-entered a rotation (their exec queues need serving)."""
+    """The client went under its cap (or was resumed): put its parked lanes back at the end
+    of their rotations. Returns the lanes that re-entered a rotation (their exec queues need
+    serving)."""
     back: list[Lane] = []
     for lane in client.parked:
         lane.parked = False

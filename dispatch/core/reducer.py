@@ -144,6 +144,7 @@ def reassigned(job: JobRecord | None, event: Reassigned) -> JobRecord:
     job.lease = event.lease
     job.deadline = event.deadline
     job.updated_at = event.at
+    job.progress = None
     if job.max_run_s is not None:
         job.run_limit_at = event.at + job.max_run_s
     return job
@@ -155,6 +156,8 @@ def job_heartbeat(job: JobRecord | None, event: JobHeartbeat) -> JobRecord:
         raise _refuse(job, event, "lease mismatch")
     job.deadline = event.deadline
     job.updated_at = event.at
+    if event.progress is not None:
+        job.progress = {**event.progress, "at": event.at}
     return job
 
 
@@ -193,6 +196,8 @@ def requeued(job: JobRecord | None, event: Requeued) -> JobRecord:
     job.status = _QUEUED
     job.worker_id = None
     _end_attempt(job)
+    # The next attempt starts from nothing: a stale "70 %" would mislead.
+    job.progress = None
     job.error = event.error
     job.seq = event.seq
     # The retry delay decided (None: runnable at once; a submission's own delay is spent).
@@ -255,6 +260,7 @@ def redriven(job: JobRecord | None, event: Redriven) -> JobRecord:
     # An operator's redrive overrides the submitter's deadline: the job runs again.
     job.expires_at = None
     job.not_before = None
+    job.progress = None
     job.attempts = 0
     job.dead_reason = None
     job.error = None

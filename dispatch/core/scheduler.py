@@ -214,7 +214,9 @@ class Scheduler:
         target = None
         expired = job.expires_at is not None and job.expires_at <= now
         # An expired job starts no new attempt: requeued, the pass that follows expires it.
-        if retry_at is None and not expired:
+        # Nor does a paused one: it waits at the front of its queue for the resume.
+        held = queue.paused or state._clients[job.client_id].paused
+        if retry_at is None and not expired and not held:
             target = pick_worker(self.matching(queue), exclude=worker)
             if target is None and worker.credit > 0 and worker.matches(queue.subject):
                 target = worker
@@ -290,10 +292,11 @@ class Scheduler:
         return out
 
     def assignment_pass(self, now: float, out: list[Event]) -> None:
-        """Assign until no exec queue has both a ready job (of a client under its cap) and a
-        matching worker with credit. Exec queues take turns (round-robin); a queue found
-        unservable leaves the rotation until a job, a worker or credit wakes it, so the pass
-        costs O(assignments + queues that changed), not O(queues)."""
+        """Assign until no exec queue has both a ready job (of a client under its cap, not
+        paused) and a matching worker with credit (a paused exec queue serves nothing). Exec
+        queues take turns (round-robin); a queue found unservable leaves the rotation until a
+        job, a worker, credit or a resume wakes it, so the pass costs O(assignments + queues
+        that changed), not O(queues)."""
         state = self._state
         job_expiry = state._job_expiry.heap
         if job_expiry and job_expiry[0][0] <= now:
@@ -306,7 +309,7 @@ class Scheduler:
         while rotation:
             queue = rotation[0]
             worker = None
-            if queue.ready:
+            if queue.ready and not queue.paused:
                 workers = queue.workers
                 if workers is None:
                     workers = self.matching(queue)

@@ -15,7 +15,7 @@ probing other workers' jobs learns nothing, not even who holds them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dispatch.core.errors import RejectCode, Rejected
@@ -28,6 +28,7 @@ from dispatch.core.events import (
 )
 from dispatch.core.fast_events import new_completed
 from dispatch.core.job import DeadReason, JobRecord, JobStatus, RequeueReason
+from dispatch.core.progress import PROGRESS_EVERY_S, check_progress
 from dispatch.core.retry import check_retry_after
 from dispatch.core.scheduler import Scheduler
 from dispatch.core.state import DispatcherState
@@ -287,11 +288,21 @@ class SettlementCommands:
         *,
         worker_id: str | None = None,
         owner: str | None = None,
+        progress: Mapping[str, Any] | None = None,
     ) -> list[Event]:
         """The worker is still on the job: its deadline becomes now + the attempt's timeout
         (never earlier than it was), but never past the attempt's hard time limit
         (`run_limit_at`), and not at all once a cancel was requested (the worker has its
-        grace to stop, no more). Also counts as the worker's heartbeat."""
+        grace to stop, no more). Also counts as the worker's heartbeat.
+
+        `progress` (`{done, total, message}`, see `dispatch.core.progress`) becomes the job's
+        latest progress, unless the last one kept is less than PROGRESS_EVERY_S old (then
+        the heartbeat is applied without it)."""
+        if progress is not None:
+            try:
+                progress = check_progress(progress)
+            except ValueError as problem:
+                raise Rejected(RejectCode.INVALID, str(problem), job_id=job_id) from None
         job = self._current(job_id, attempt, lease, worker_id, owner=owner, repeat_of=None)
         assert job is not None and job.deadline is not None  # a running job has a deadline
         state = self._state
@@ -301,6 +312,9 @@ class SettlementCommands:
             extended = job.run_limit_at
         if job.cancel_requested_at is not None:
             extended = job.deadline
+        last = job.progress
+        if progress is not None and last is not None and now - last["at"] < PROGRESS_EVERY_S:
+            progress = None
         out: list[Event] = []
         event = JobHeartbeat(
             epoch=state.fence.epoch,
@@ -310,6 +324,7 @@ class SettlementCommands:
             attempt=attempt,
             lease=lease,
             deadline=max(job.deadline, extended),
+            progress=progress,
         )
         state.emit(event, out)
         return out

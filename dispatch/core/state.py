@@ -33,10 +33,13 @@ from dispatch.core.events import (
     Expired,
     JobHeartbeat,
     LeaderElected,
+    Paused,
+    PauseScope,
     Pruned,
     Reassigned,
     Redriven,
     Requeued,
+    Resumed,
     WorkerHeartbeat,
     WorkerJoined,
     WorkerLost,
@@ -45,6 +48,7 @@ from dispatch.core.fence import EpochFence
 from dispatch.core.job import DeadReason, JobRecord, JobStatus, RequeueReason
 from dispatch.core.leases import LeaseTokens, RandomLeaseTokens
 from dispatch.core.queues import ClientState, ExecQueue, unpark
+from dispatch.core.subjects import compile_pattern, match_tokens
 from dispatch.core.timers import DeadlineHeap, DelayHeap, ExpiryHeap, JobExpiryHeap
 from dispatch.core.workers import WorkerState
 
@@ -101,9 +105,15 @@ class DispatcherState:
         """Queue position of the next requeue (ahead of everything queued so far)."""
         self._clock = 0.0
         """The latest time seen (command `now` or event `at`); never goes back."""
+        self._pauses: dict[tuple[PauseScope, str], Paused] = {}
+        """Pauses in force, by (scope, target), with the event that set each."""
+        self._paused_execs: dict[str, tuple[str, ...]] = {}
+        """The exec pauses in force: each pattern's tokens (checked for each new queue)."""
         self._handlers: dict[type[Event], Callable[[Any], None]] = {
             LeaderElected: self._on_leader_elected,
             Pruned: self._on_pruned,
+            Paused: self._on_paused,
+            Resumed: self._on_resumed,
             WorkerJoined: self._on_worker_joined,
             CreditGranted: self._on_credit_granted,
             WorkerHeartbeat: self._on_worker_heartbeat,
@@ -173,6 +183,8 @@ class DispatcherState:
         queue = self._queues.get(exec_name)
         if queue is None:
             queue = self._queues[exec_name] = ExecQueue(exec_name)
+            if self._paused_execs:
+                queue.paused = self._exec_paused(queue.tokens)
         return queue
 
     def _client(self, client_id: str) -> ClientState:
@@ -181,7 +193,13 @@ class DispatcherState:
             client = self._clients[client_id] = ClientState(
                 client_id, self.config.cap_for(client_id)
             )
+            if self._pauses and (PauseScope.CLIENT, client_id) in self._pauses:
+                client.pause(True)
         return client
+
+    def _exec_paused(self, tokens: tuple[str, ...]) -> bool:
+        """Whether an exec pause in force matches the exec name `tokens`."""
+        return any(match_tokens(pattern, tokens) for pattern in self._paused_execs.values())
 
     def _place(self, job: JobRecord, queue: ExecQueue) -> None:
         """Put a queued job where it waits: the delay heap or its lane."""
@@ -254,7 +272,7 @@ class DispatcherState:
         self._counts[_RUNNING_KEY] -= 1
         client = self._clients[job.client_id]
         client.inflight -= 1
-        if client.parked and client.inflight < client.cap:
+        if client.parked and client.inflight < client.room:
             self._unpark(client)
 
     # --- handlers: leader and workers ----------------------------------------------------
@@ -272,6 +290,48 @@ class DispatcherState:
             if jobs.get(job.id) is job:
                 del jobs[job.id]
                 counts[job.status.value] -= 1
+
+    def _on_paused(self, event: Paused) -> None:
+        key = (event.scope, event.target)
+        if key in self._pauses:
+            raise InvalidTransition(f"paused {event.scope.value} {event.target!r} twice")
+        if event.scope is PauseScope.CLIENT:
+            self._pauses[key] = event
+            # A client not seen yet is paused when it first appears (`_client`): no state
+            # is kept for ids that only a pause named.
+            client = self._clients.get(event.target)
+            if client is not None:
+                client.pause(True)
+            return
+        try:
+            pattern = compile_pattern(event.target)
+        except ValueError as error:
+            raise InvalidTransition(f"paused exec {event.target!r}: {error}") from None
+        self._pauses[key] = event
+        self._paused_execs[event.target] = pattern
+        for queue in self._queues.values():
+            if not queue.paused and match_tokens(pattern, queue.tokens):
+                queue.paused = True
+
+    def _on_resumed(self, event: Resumed) -> None:
+        key = (event.scope, event.target)
+        if self._pauses.pop(key, None) is None:
+            raise InvalidTransition(f"resumed {event.scope.value} {event.target!r}: not paused")
+        if event.scope is PauseScope.CLIENT:
+            client = self._clients.get(event.target)
+            if client is not None:
+                client.pause(False)
+                if client.parked and client.inflight < client.room:
+                    self._unpark(client)
+            return
+        pattern = self._paused_execs.pop(event.target)
+        # Only the queues this pause held can change; each may still match another pause.
+        for queue in self._queues.values():
+            if queue.paused and match_tokens(pattern, queue.tokens):
+                queue.paused = self._exec_paused(queue.tokens)
+                if not queue.paused and queue.ready and not queue.in_rotation:
+                    queue.in_rotation = True
+                    self._rotation.append(queue)
 
     def _on_worker_joined(self, event: WorkerJoined) -> None:
         worker = self._workers.get(event.worker_id)

@@ -27,14 +27,17 @@ from dispatch.core import (
     Expired,
     JobHeartbeat,
     LeaderElected,
+    Paused,
     Pruned,
     Reassigned,
     Redriven,
     Requeued,
+    Resumed,
     WorkerHeartbeat,
     WorkerJoined,
     WorkerLost,
 )
+from dispatch.core.progress import PROGRESS_EVERY_S
 from dispatch.core.retry import RetryPolicy
 
 
@@ -96,6 +99,7 @@ class MJob:
     max_run_s: float | None = None
     run_limit_at: float | None = None
     cancel_requested_at: float | None = None
+    progress: dict[str, Any] | None = None
 
 
 @dataclass
@@ -123,6 +127,12 @@ class Model:
         self.cancel_by: str | None = None
         self.cancel_reason = ""
         """Who asked for the `cancel`/`cancel_where` being absorbed, and why."""
+        self.pauses: dict[tuple[str, str], Paused] = {}
+        """The pauses in force, by (scope, target)."""
+        self.pause_request: tuple[str | None, str] = (None, "")
+        """`by` and `reason` of the `pause`/`unpause` being absorbed."""
+        self.progress_sent: dict[str, Any] | None = None
+        """The (valid, normalised) report of the `heartbeat` being absorbed."""
 
     # --- questions the rules answer -------------------------------------------------------
 
@@ -167,11 +177,18 @@ class Model:
             return None
         return min(candidates, key=lambda w: (len(w.running), -w.credit, w.id))
 
+    def held(self, job: MJob) -> bool:
+        """A pause in force holds the job: one of its exec, or of its client."""
+        return ("client", job.client) in self.pauses or any(
+            scope == "exec" and pattern_matches(target, job.exec) for scope, target in self.pauses
+        )
+
     def servable(self, job: MJob) -> bool:
         return (
             self.is_ready(job)
             and not self.is_expired(job)
             and self.inflight(job.client) < self.cap(job.client)
+            and not self.held(job)
         )
 
     def silent(self, worker: MWorker) -> bool:
@@ -281,6 +298,7 @@ class Model:
         job = self.jobs[event.job_id]
         assert self.is_ready(job), f"{job.id} assigned while not ready: {job}"
         assert not self.is_expired(job), f"{job.id} started at or after its expiry: {job}"
+        assert not self.held(job), f"{job.id} started while paused: {self.pauses}"
         assert event.attempt == job.attempts + 1 <= job.max_attempts
         worker = self.workers[event.worker_id]
         assert worker.credit > 0, "assigned to a worker without credit"
@@ -321,6 +339,7 @@ class Model:
         assert not self.at_time_limit(job), "an attempt at its time limit is requeued"
         assert self.retry_at(job, None) is None, "reassigned at once despite a retry delay"
         assert not self.is_expired(job), "an expired job starts no new attempt"
+        assert not self.held(job), f"{job.id} reassigned while paused: {self.pauses}"
         assert event.previous_worker_id == job.worker
         assert event.attempt == job.attempts + 1 <= job.max_attempts
         previous = self.workers[event.previous_worker_id]
@@ -344,6 +363,7 @@ class Model:
         job.deadline = event.deadline
         job.updated_at = event.at
         job.run_limit_at = None if job.max_run_s is None else event.at + job.max_run_s
+        job.progress = None
         self._check_limit(job)
 
     def _stop(self, job: MJob, worker_id: str, alive: bool) -> None:
@@ -375,8 +395,8 @@ class Model:
             assert reason == "timeout" and context == "tick"
             assert job.deadline is not None and job.deadline <= self.clock
             assert not self.at_time_limit(job), "a deadline at the limit is a time_limit"
-            if self.retry_at(job, None) is None and not self.is_expired(job):
-                # No delay: requeued only when nobody could take it at once.
+            if self.retry_at(job, None) is None and not self.is_expired(job) and not self.held(job):
+                # No delay, not paused: requeued only when nobody could take it at once.
                 assert self.best_worker(job.exec, exclude=worker.id) is None
                 assert worker.credit <= 0 or not self.matches(worker, job.exec)
         if reason == "worker_lost":
@@ -394,6 +414,7 @@ class Model:
         job.error = event.error
         job.seq = event.seq
         job.not_before = event.not_before
+        job.progress = None
 
     def _absorb_dead_lettered(self, event: DeadLettered, context: str, subject: str | None) -> None:
         job = self.jobs[event.job_id]
@@ -442,6 +463,12 @@ class Model:
             if job.run_limit_at is not None:
                 extended = min(extended, job.run_limit_at)
             assert event.deadline == max(job.deadline, extended)
+        sent = self.progress_sent
+        last = job.progress
+        kept = sent is not None and (last is None or self.clock - last["at"] >= PROGRESS_EVERY_S)
+        assert event.progress == (sent if kept else None), (event, sent, last)
+        if sent is not None and kept:
+            job.progress = {**sent, "at": event.at}
         job.deadline = event.deadline
         self._check_limit(job)
         job.updated_at = event.at
@@ -518,6 +545,21 @@ class Model:
         job.updated_at = event.at
         job.expires_at = None
         job.not_before = None
+        job.progress = None
+
+    def _absorb_paused(self, event: Paused, context: str, subject: str | None) -> None:
+        key = (event.scope.value, event.target)
+        assert context == "pause" and subject == f"{key[0]}:{key[1]}"
+        assert key not in self.pauses, f"{key} paused twice"
+        assert (event.by, event.reason) == self.pause_request
+        self.pauses[key] = event
+
+    def _absorb_resumed(self, event: Resumed, context: str, subject: str | None) -> None:
+        key = (event.scope.value, event.target)
+        assert context == "unpause" and subject == f"{key[0]}:{key[1]}"
+        assert key in self.pauses, f"{key} resumed while not paused"
+        assert event.by == self.pause_request[0]
+        del self.pauses[key]
 
     def _absorb_worker_joined(self, event: WorkerJoined, context: str, subject: str | None) -> None:
         assert context == "join" and subject == event.worker_id

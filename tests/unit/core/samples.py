@@ -15,11 +15,14 @@ from dispatch.core import (
     Expired,
     JobHeartbeat,
     LeaderElected,
+    Paused,
+    PauseScope,
     Pruned,
     Reassigned,
     Redriven,
     Requeued,
     RequeueReason,
+    Resumed,
     RetryPolicy,
     WorkerHeartbeat,
     WorkerJoined,
@@ -110,4 +113,21 @@ SAMPLES: list[Event] = [
     Expired(epoch=3, at=60.0, job_id="j5", reason="expired at 60.000 before attempt 1 started"),
     Redriven(epoch=3, at=60.0, job_id="j3", seq=8),
     Redriven(epoch=3, at=61.0, job_id="j4", seq=9, by="ops-key"),
+    # Added later (appended, so the indexes other tests use stay put).
+    Paused(
+        epoch=3, at=10.0, scope=PauseScope.EXEC, target="image.*", by="ops-key", reason="bad deploy"
+    ),
+    Paused(epoch=3, at=10.0, scope=PauseScope.CLIENT, target="acme"),
+    Resumed(epoch=3, at=11.0, scope=PauseScope.EXEC, target="image.*", by="ops-key"),
+    Resumed(epoch=3, at=11.0, scope=PauseScope.CLIENT, target="acme"),
+    JobHeartbeat(
+        epoch=3,
+        at=51.0,
+        job_id="j1",
+        worker_id="w2",
+        attempt=2,
+        lease="3.2",
+        deadline=111.0,
+        progress={"done": 3.0, "total": 10.0, "message": "resizing"},
+    ),
 ]

@@ -25,6 +25,7 @@ def test_a_healthy_state_passes() -> None:
         "workers",
         "inflight",
         "dead_letters",
+        "pauses",
     }
 
 

@@ -351,7 +351,11 @@ class Leader:
             # the core takes them as they are (copying a million records would lengthen the
             # failover: BENCHMARKS.md, *Rebuild with 1,000,000 jobs of history*).
             self.core = Dispatcher.restore(
-                snapshot.jobs, config=config, epoch=snapshot.fence_epoch, owned=True
+                snapshot.jobs,
+                config=config,
+                epoch=snapshot.fence_epoch,
+                owned=True,
+                pauses=snapshot.pauses,
             )
             start = snapshot.offsets
             self.rebuilt_from = f"snapshot v{snapshot.version} ({len(snapshot.jobs)} jobs)"

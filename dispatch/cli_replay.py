@@ -77,7 +77,8 @@ def replay(
             "--set",
             help="A setting for the replay, key=value (repeatable): dispatcher.default_cap=50, "
             "dispatcher.caps.acme=10, dispatcher.ack_timeout_s=5, dispatcher.max_run_s=600, "
-            "jobs.exec_priority.EXEC=3...",
+            "jobs.exec_priority.EXEC=3, dispatcher.pause.exec.PATTERN=true (held for the whole "
+            "replay; false: never), dispatcher.pause.client.CLIENT=true...",
         ),
     ] = None,
     workers: Annotated[

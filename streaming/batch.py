@@ -5,7 +5,9 @@ table does):
 
 1. `events` append (bronze), 2. `rejected` append, 3. `stats_partial` append, 4. in a batch
 with `pruned` events: `jobs_archive` append, then a `jobs` MERGE deleting the pruned rows,
-5. the `jobs` MERGE of the folded states, with the batch's `Progress` (offsets, fence epochs).
+5. in a batch with `paused`/`resumed` events: the `pauses` table rewritten whole
+(`dispatch.delta.pauses`), 6. the `jobs` MERGE of the folded states, with the batch's
+`Progress` (offsets, fence epochs).
 
 The batch is folded on Spark's executors, partitioned by job (`dispatch.streaming.executor_plan`),
 or, with `fold_on="driver"`, collected to the driver and folded there (`_plan`); either way the
@@ -43,9 +45,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dispatch.core.events import JobEvent
+from dispatch.core.events import Event, JobEvent
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import CLOSED, OPEN, JobKey, JobState, job_row, job_state
+from dispatch.delta.pauses import PauseRows, apply_pauses, arrow_pauses, is_pause_event, pauses_at
 from dispatch.delta.progress import BATCH, PRUNE, Committed, Offsets, Progress, latest_progress_of
 from dispatch.delta.stats import MinuteStats, StatsKey
 from dispatch.storage import Location
@@ -237,6 +240,19 @@ def _read_partition(table: DeltaTable, part: str, ids: pa.Array) -> pa.Table:
     return found.select(_JOB_COLUMNS).cast(t.SCHEMAS[t.JOBS])
 
 
+def pause_events(
+    logged: Sequence[LoggedEvent], admitted: Sequence[bool]
+) -> list[tuple[str, Event]]:
+    """The admitted `paused` and `resumed` events with their groups, in log order."""
+    chosen = [
+        entry
+        for entry, ok in zip(logged, admitted, strict=True)
+        if ok and is_pause_event(entry.event)
+    ]
+    chosen.sort(key=lambda entry: (entry.partition, entry.offset, entry.index))
+    return [(entry.group, entry.event) for entry in chosen]
+
+
 class BatchWriter:
     """The `foreachBatch` function. One instance per running query."""
 
@@ -271,6 +287,8 @@ class BatchWriter:
         """The driver's fold keeps the open partition of `jobs` in memory between batches
         (`dispatch.streaming.open_jobs`) instead of reading it each batch."""
         self._open: OpenJobs | None = None
+        self._pauses: PauseRows | None = None
+        """The pauses in force at the offsets `jobs` covers (see `dispatch.delta.pauses`)."""
         self.open_jobs_loads = 0
         """How many times the open partition was read whole into the cache."""
         self.last: BatchTimings | None = None
@@ -339,6 +357,7 @@ class BatchWriter:
             # from the tables before the batch is retried.
             self._positions = None
             self._open = None
+            self._pauses = None
             raise
 
     def _process(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -464,6 +483,8 @@ class BatchWriter:
             self._write_prunes(spark, batch_id, end, planned)
         timings.prune_s = time.perf_counter() - mark
 
+        pauses = self._write_pauses(batch_id, end, planned.pauses)
+
         mark = time.perf_counter()
         positions.fence = planned.fence_after
         if on_executors is None:
@@ -474,6 +495,8 @@ class BatchWriter:
             self._spark_merge_jobs(spark, batch_id, end, on_executors)
         for name in positions.tables:
             positions.tables[name] = end
+        if pauses is not None:
+            self._pauses = pauses
         timings.jobs_merge_s = time.perf_counter() - mark
 
         if self.rollup is not None and self.rollup.due():
@@ -496,6 +519,32 @@ class BatchWriter:
         )  # fmt: skip
         return timings
 
+    def pauses_in_force(self) -> PauseRows:
+        """The pauses in force at the offsets `jobs` covers: read from `pauses` once, then kept
+        up to date by the batches."""
+        if self._pauses is None:
+            covered = self.positions().tables[t.JOBS].get(self.topics.events, {})
+            self._pauses = pauses_at(self.warehouse, self.topics.events, covered)
+        return self._pauses
+
+    def _write_pauses(
+        self, batch_id: int, end: Offsets, events: Sequence[tuple[str, Event]]
+    ) -> PauseRows | None:
+        """Rewrite `pauses` with the batch's pauses and resumes applied, before the `jobs`
+        commit (the pauses in force after the batch; None: the batch has none)."""
+        if not events:
+            return None
+        pauses = dict(self.pauses_in_force())
+        apply_pauses(pauses, events)
+        self.commits.overwrite(
+            t.PAUSES,
+            arrow_pauses(pauses),
+            app_id=self.app_id,
+            version=batch_id,
+            metadata=self._progress(batch_id, end).to_json(),
+        )
+        return pauses
+
     def planned(self, batch_id: int, plan: _Plan) -> Planned:
         """The rows a batch folded on the driver writes."""
         closed_touched: list[JobKey] = []
@@ -512,6 +561,7 @@ class BatchWriter:
             prunes=plan.fold.prunes,
             touched=plan.touched if plan.fold.prunes else set(),
             closed_touched=closed_touched,
+            pauses=pause_events(plan.logged, plan.admitted),
             events_count=len(plan.logged),
             skipped_records=skipped,
             first_reason=first,

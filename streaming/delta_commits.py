@@ -63,6 +63,24 @@ class DeltaCommits:
         )
         return True
 
+    def overwrite(
+        self, name: str, rows: pa.Table, *, app_id: str, version: int, metadata: str
+    ) -> bool:
+        """Replace the whole table by `rows` (for the small `pauses` table), as `append` does
+        otherwise: False (nothing written) when that commit is already in the table."""
+        from deltalake import write_deltalake
+
+        table = self.table(name)
+        if _holds(table, app_id, version):
+            return False
+        write_deltalake(
+            table,
+            rows,
+            mode="overwrite",
+            commit_properties=_properties(app_id, version, metadata),
+        )
+        return True
+
     def merge(
         self,
         name: str,

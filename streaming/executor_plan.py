@@ -33,13 +33,13 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dispatch.core.events import LeaderElected, Pruned
+from dispatch.core.events import Event, LeaderElected, Paused, Pruned, Resumed
 from dispatch.core.fence import EpochFence
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import OPEN, JobKey
@@ -80,7 +80,7 @@ if TYPE_CHECKING:
 
     from dispatch.streaming.batch import BatchWriter
 
-_CONTROL_TYPES = (LeaderElected.type, Pruned.type)
+_CONTROL_TYPES = (LeaderElected.type, Pruned.type, Paused.type, Resumed.type)
 _GROUP_ROW = "group"
 """`kind` of the rows naming the groups a batch's events belong to (not an `events` kind)."""
 Place = tuple[int, int, int]
@@ -154,6 +154,8 @@ class Fence:
     before: dict[str, int]
     raised: dict[str, list[tuple[Place, int]]]
     after: dict[str, int]
+    pauses: list[tuple[str, Event]] = field(default_factory=list)
+    """The admitted `paused` and `resumed` events with their groups, in log order."""
 
     def admitted(self) -> Column:
         """True for an event the fence admits (its epoch is not below its group's fence at its
@@ -172,13 +174,15 @@ class Fence:
 def run_fence(
     before: Mapping[str, int], groups: Iterable[str], control: Sequence[Mapping[str, Any]]
 ) -> tuple[Fence, list[PruneEvent]]:
-    """The fence over the batch's elections and prunes (`control`: their `events` rows), and
-    the admitted prunes."""
+    """The fence over the batch's elections, prunes, pauses and resumes (`control`: their
+    `events` rows), and the admitted prunes (the admitted pauses and resumes are in the
+    `Fence`)."""
     fences = {group: EpochFence(epoch) for group, epoch in before.items()}
     for group in groups:
         fences.setdefault(group, EpochFence())
     raised: dict[str, list[tuple[Place, int]]] = {}
     prunes: list[PruneEvent] = []
+    pauses: list[tuple[str, Event]] = []
     for row in sorted(control, key=lambda row: (row["partition"], row["offset"], row["idx"])):
         logged = logged_event(row)
         fence = fences.setdefault(logged.group, EpochFence())
@@ -189,8 +193,10 @@ def run_fence(
             raised.setdefault(logged.group, []).append((place, fence.epoch))
         elif isinstance(logged.event, Pruned):
             prunes.append(PruneEvent(*place, logged.group, logged.record_epoch, row["body"]))
+        elif isinstance(logged.event, Paused | Resumed):
+            pauses.append((logged.group, logged.event))
     after = {group: fence.epoch for group, fence in fences.items()}
-    return Fence(dict(before), raised, after), prunes
+    return Fence(dict(before), raised, after, pauses), prunes
 
 
 def plan_on_executors(writer: BatchWriter, batch_df: DataFrame, batch_id: int) -> Planned:
@@ -391,6 +397,7 @@ def _plan(
         stats=stats,
         jobs_source=JOBS_SOURCE.empty_table(),
         fence_after=fence.after,
+        pauses=fence.pauses,
         archived=archived,
         prunes=prune_steps(prunes),
         touched=touched_keys,

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from dispatch.core.bounds import check_json_value
-from dispatch.core.events import EVENT_TYPES, Completed, Enqueued, Event
+from dispatch.core.events import EVENT_TYPES, Completed, Enqueued, Event, Paused, Resumed
 from dispatch.delta import tables as t
 
 MIN_TIME_S = 0.0
@@ -254,15 +254,25 @@ core's enums, so events that pass `event_problem` always fold into rows that fit
 fields need no check: numbers are finite floats (`event_from_dict` checks), which any double
 column holds, and the rest reach a table only inside the event's JSON (`events.body`, ASCII)."""
 
+_PAUSE_COLUMNS: dict[str, tuple[str, str]] = {
+    "target": (t.PAUSES, "target"),
+    "by": (t.PAUSES, "by"),
+    "reason": (t.PAUSES, "reason"),
+}
+"""The fields of `paused` and `resumed` events the `pauses` table holds as they are."""
+
 _EventCheck = tuple[str, str, pa.DataType, _Check]
 _EVENT_CHECKS: dict[type[Event], tuple[_EventCheck, ...]] = {
     cls: tuple(
         (f.name, f"{table}.{column}", *_TABLE_CHECKS[table][column])
         for f in fields(cls)
-        if f.name in _EVENT_COLUMNS
-        for table, column in [_EVENT_COLUMNS[f.name]]
+        if f.name in columns
+        for table, column in [columns[f.name]]
     )
     for cls in EVENT_TYPES.values()
+    for columns in [
+        {**_EVENT_COLUMNS, **_PAUSE_COLUMNS} if cls in (Paused, Resumed) else _EVENT_COLUMNS
+    ]
 }
 _JSON_FIELDS: dict[type[Event], str] = {Enqueued: "payload", Completed: "result"}
 

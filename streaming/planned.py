@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from dispatch.core.events import Event
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import JobKey
 from dispatch.delta.stats import MinuteStats, StatsKey
@@ -46,6 +47,9 @@ class Planned:
     """The jobs the batch's events touch (filled only for a batch with prunes)."""
     closed_touched: list[JobKey] = field(default_factory=list)
     """Touched jobs whose row was closed (only a batch with prunes may touch one)."""
+    pauses: list[tuple[str, Event]] = field(default_factory=list)
+    """The batch's admitted `paused` and `resumed` events with their groups, in log order
+    (they rewrite the `pauses` table)."""
     events_count: int = 0
     """Logged events decoded (for the logs and the benchmark)."""
     skipped_records: int = 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from dispatch.core.job import DeadReason, JobRecord, JobStatus
+from dispatch.core.progress import stored_progress
 from dispatch.core.retry import RetryPolicy
 
 OPEN = "open"
@@ -61,6 +62,7 @@ def job_row(group: str, state: JobState) -> dict[str, Any]:
     row["result"] = _json(row["result"])
     # Left out of `to_dict` when unset; the columns are always there.
     row["retry"] = _json(row.get("retry"))
+    row["progress"] = _json(row.get("progress"))
     for name in _LATER_NUMBERS:
         row.setdefault(name, None)
     row["dispatch_group"] = group
@@ -77,6 +79,7 @@ def job_state(row: Mapping[str, Any]) -> tuple[JobKey, JobState]:
     data["payload"] = _unjson(data["payload"])
     data["result"] = _unjson(data["result"])
     data["retry"] = _unjson(data["retry"])
+    data["progress"] = _unjson(data["progress"])
     record = JobRecord.from_dict(data)
     key = (str(row["dispatch_group"]), record.id)
     return key, JobState(record, row.get("queued_at"), row.get("started_at"))
@@ -115,6 +118,12 @@ def records_from_arrow(table: Any) -> list[JobRecord]:
                 columns.append([None] * len(column))
             else:
                 columns.append([_retry(value) for value in _json_values(column, name)])
+        elif name == "progress":
+            # NULL but for jobs a worker reported on; validated, as `JobRecord.from_dict` does.
+            if column.null_count == len(column):
+                columns.append([None] * len(column))
+            else:
+                columns.append([stored_progress(value) for value in _json_values(column, name)])
         elif name in _SHARED:
             columns.append(_shared_values(column, _SHARED[name]))
         elif name in _JSON:

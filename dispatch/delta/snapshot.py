@@ -4,7 +4,9 @@ Every batch's last `jobs` commit records (see `dispatch.delta.progress`) the nex
 `dispatch.events` partition it covers and each group's fence epoch. `latest_snapshot` reads the
 newest such commit and the `jobs` table *at that version* with delta-rs (no JVM), so:
 
-    core = Dispatcher.restore(snapshot.jobs, config=..., epoch=snapshot.fence_epoch, owned=True)
+    core = Dispatcher.restore(
+        snapshot.jobs, config=..., epoch=snapshot.fence_epoch, owned=True, pauses=snapshot.pauses
+    )
     for partition, offset in snapshot.offsets.items():
         # replay dispatch.events from `offset` (read_committed) to the end, this group's
         # batches only, with core.apply(...)
@@ -13,15 +15,19 @@ newest such commit and the `jobs` table *at that version* with delta-rs (no JVM)
 gives exactly the state of a leader that replayed the whole log (docs/spec.md §11: the
 snapshot never already contains the replayed tail, and the tail is never missed). `jobs` holds
 exactly the jobs the leader holds: lives the leader pruned are in `jobs_archive`, not here.
+The pauses in force at those offsets come from the `pauses` table, at the newest version
+written by a batch at or before them (`dispatch.delta.pauses`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from dispatch.core.events import Paused
 from dispatch.core.job import JobRecord
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import JOB_RECORD_COLUMNS, records_from_arrow
+from dispatch.delta.pauses import pauses_at, pauses_of
 from dispatch.delta.progress import BATCH, latest_progress_of
 from dispatch.warehouse import Warehouse
 
@@ -44,6 +50,9 @@ class Snapshot:
     app_id: str
     committed_at: float
     """When the version was committed (unix seconds)."""
+    pauses: list[Paused] = field(default_factory=list)
+    """The group's pauses in force at `offsets`, oldest first (pass them to
+    `Dispatcher.restore(..., pauses=...)`)."""
 
 
 def latest_snapshot(warehouse: Warehouse, group: str = "default") -> Snapshot | None:
@@ -80,14 +89,16 @@ def latest_snapshot(warehouse: Warehouse, group: str = "default") -> Snapshot | 
     read = dataset.to_table(columns=[*columns, "dispatch_group"])
     rows = read.filter(pc.equal(read["dispatch_group"], group)).drop_columns(["dispatch_group"])
     events_topic = progress.topics.get("events", "")
+    offsets = dict(progress.offsets.get(events_topic, {}))
     return Snapshot(
         version=committed.version,
         group=group,
         jobs=records_from_arrow(rows),
         events_topic=events_topic,
-        offsets=dict(progress.offsets.get(events_topic, {})),
+        offsets=offsets,
         fence_epoch=progress.fence.get(group, 0),
         batch_id=progress.batch_id,
         app_id=progress.app_id,
         committed_at=committed.timestamp_ms / 1000.0,
+        pauses=pauses_of(pauses_at(warehouse, events_topic, offsets), group),
     )

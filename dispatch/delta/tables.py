@@ -16,6 +16,9 @@ by plain columns only.
 - `stats_partial`: each batch's contributions to `stats` not rolled up yet (small, emptied by
   every roll-up); unpartitioned.
 - `rejected`: one row per rejected submission; partitioned by `date`.
+- `pauses`: one row per pause in force (an exec pattern's queues or a client's jobs held by
+  an operator); unpartitioned, small. Rewritten whole by a batch with `paused`/`resumed`
+  events, before its `jobs` commit (see `dispatch.delta.pauses`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ JOBS_ARCHIVE = "jobs_archive"
 STATS = "stats"
 STATS_PARTIAL = "stats_partial"
 REJECTED = "rejected"
+PAUSES = "pauses"
 
 _TIME = pa.timestamp("us", tz="UTC")
 
@@ -74,11 +78,13 @@ _LATER_JOB_FIELDS: list[tuple[str, pa.DataType]] = [
     ("max_run_s", pa.float64()),
     ("run_limit_at", pa.float64()),
     ("cancel_requested_at", pa.float64()),
+    ("progress", pa.string()),
 ]
 """Columns of `jobs` and `jobs_archive` added after tables were in use (`retry`: the job's
 own retry policy as JSON; `expires_at`: when it expires; `max_run_s`: the hard time limit
 of each attempt; `run_limit_at`: when the running attempt reaches it; `cancel_requested_at`:
-when a cancel of the running job was asked for). They sit after the other job
+when a cancel of the running job was asked for; `progress`: its worker's latest progress
+report as JSON, `{done, total, message, at}`). They sit after the other job
 columns and before the partition columns, in new tables and, through `ALTER TABLE ... ADD
 COLUMNS ... AFTER`, in old ones: delta-rs's MERGE misreports its file counts (0 files
 scanned, all skipped, while it rewrites some) when a table's partition column is not last,
@@ -182,6 +188,17 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("batch_id", pa.int64()),
         ]
     ),
+    PAUSES: pa.schema(
+        [
+            ("dispatch_group", pa.string()),
+            ("scope", pa.string()),
+            ("target", pa.string()),
+            ("epoch", pa.int64()),
+            ("at", pa.float64()),
+            ("by", pa.string()),
+            ("reason", pa.string()),
+        ]
+    ),
 }
 
 PARTITIONS: dict[str, list[str]] = {
@@ -191,6 +208,7 @@ PARTITIONS: dict[str, list[str]] = {
     STATS: ["date"],
     STATS_PARTIAL: [],
     REJECTED: ["date"],
+    PAUSES: [],
 }
 
 KEYS: dict[str, list[str]] = {
@@ -200,6 +218,7 @@ KEYS: dict[str, list[str]] = {
     STATS: ["minute", "dispatch_group", "exec", "client_id"],
     STATS_PARTIAL: ["batch_end", "minute", "dispatch_group", "exec", "client_id"],
     REJECTED: ["topic", "partition", "offset"],
+    PAUSES: ["dispatch_group", "scope", "target"],
 }
 """What identifies a row (no two rows share it)."""
 

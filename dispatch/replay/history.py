@@ -22,8 +22,10 @@ from dispatch.core.events import (
     Event,
     JobEvent,
     JobHeartbeat,
+    Paused,
     Reassigned,
     Requeued,
+    Resumed,
     WorkerJoined,
     WorkerLost,
 )
@@ -34,6 +36,7 @@ from dispatch.replay.model import (
     Attempt,
     History,
     Outcome,
+    RecordedControl,
     RecordedJob,
     RecordedWorker,
 )
@@ -120,6 +123,8 @@ class _Recorder:
         self.since = since
         self.until = until
         self.jobs: dict[str, _JobTrail] = {}
+        self.controls: list[RecordedControl] = []
+        """Pauses and resumes, in log order."""
         self.workers: dict[str, _WorkerTrail] = {}
         self.events: list[JobEvent] = []
         self.position = 0
@@ -150,6 +155,16 @@ class _Recorder:
     def fold(self, event: Event) -> None:
         if isinstance(event, JobEvent):
             self.fold_job_event(event)
+        elif isinstance(event, Paused):
+            self.controls.append(
+                RecordedControl(
+                    event.at, True, event.scope.value, event.target, event.by, event.reason
+                )
+            )
+        elif isinstance(event, Resumed):
+            self.controls.append(
+                RecordedControl(event.at, False, event.scope.value, event.target, event.by)
+            )
         elif isinstance(event, WorkerJoined):
             worker = self.worker(event.worker_id)
             worker.subjects = event.subjects
@@ -304,6 +319,7 @@ def recorded_history(
             job_id for job_id, trail in recorder.jobs.items() if start <= trail.enqueued.at < end
         ),
         instants=tuple(sorted({event.at for event in ordered})),
+        controls=tuple(recorder.controls),
     )
 
 

@@ -123,6 +123,20 @@ class RecordedWorker:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordedControl:
+    """An operator's pause (`pause=True`) or resume of an exec pattern's queues or a client's
+    jobs, as recorded (`paused`/`resumed`), replayed at its time."""
+
+    at: float
+    pause: bool
+    scope: str
+    """`exec` or `client`."""
+    target: str
+    by: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class History:
     """A recorded window: the jobs submitted in it, the workers seen, and the recorded events of
     those jobs (the "actual" side of a comparison)."""
@@ -139,3 +153,5 @@ class History:
     instants: tuple[float, ...] = ()
     """Every distinct time an event was logged at, ascending: instants the recorded leader
     iterated at (see `dispatch.replay.simulation.ITERATION_SNAP_S`)."""
+    controls: tuple[RecordedControl, ...] = ()
+    """The pauses and resumes of the read, in log order."""

@@ -4,9 +4,13 @@ Keys are the `[dispatcher]` settings (`dispatcher.default_cap=50`, `dispatcher.c
 `dispatcher.ack_timeout_s=5`, `dispatcher.max_run_s=600`, `dispatcher.max_run_by_exec.report.>=900`,
 `dispatcher.cancel_grace_s=10`, ...) plus job priorities, which are no setting of the leader but
 a policy a replay can try: `jobs.exec_priority.<exec>=N` and `jobs.client_priority.<client>=N`
-(a client's wins over an exec's). A value is read as JSON when it parses (`10`, `2.5`, `true`,
-`{"a": 1}`), else as text; every value is then validated by the same pydantic models the
-leader's settings use, so a wrong key or value fails with the key named.
+(a client's wins over an exec's), and what-if pauses, no setting either:
+`dispatcher.pause.exec.<pattern>=true` or `dispatcher.pause.client.<client>=true` holds that
+exec pattern's queues or that client's jobs for the whole replay, `=false` never (either way
+the recorded pauses and resumes of that same pattern or client are left out). A value is
+read as JSON when it parses (`10`, `2.5`, `true`, `{"a": 1}`), else as text; every value is
+then validated by the same pydantic models the leader's settings use, so a wrong key or
+value fails with the key named.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from dispatch.core.config import CoreConfig
+from dispatch.core.control_commands import checked_target
+from dispatch.core.errors import Rejected
 from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN
 from dispatch.settings import DispatcherSettings
 
@@ -57,6 +63,9 @@ class ReplayPolicy:
     dispatcher: DispatcherSettings = field(default_factory=DispatcherSettings)
     exec_priority: Mapping[str, int] = field(default_factory=dict)
     client_priority: Mapping[str, int] = field(default_factory=dict)
+    pauses: Mapping[tuple[str, str], bool] = field(default_factory=dict)
+    """(scope, target) -> paused for the whole replay (True) or never (False); the recorded
+    pauses and resumes of a target named here are not replayed."""
 
     def core_config(self) -> CoreConfig:
         # The simulated workers never go silent: expiry would only lose idle workers.
@@ -70,6 +79,11 @@ class ReplayPolicy:
     def to_dict(self) -> dict[str, Any]:
         """The policy as plain JSON (what a `replays` row records)."""
         settings = self.dispatcher.model_dump(mode="json", exclude=set(IGNORED_BY_REPLAY))
+        if self.pauses:
+            pauses: dict[str, dict[str, bool]] = {}
+            for (scope, target), paused in sorted(self.pauses.items()):
+                pauses.setdefault(scope, {})[target] = paused
+            settings = {**settings, "pause": pauses}
         return {
             "dispatcher": settings,
             "jobs": {
@@ -96,10 +110,13 @@ def apply_overrides(base: DispatcherSettings, assignments: Sequence[str]) -> Rep
     """`base` with every `key=value` of `assignments` applied, in order (a later one wins)."""
     dispatcher: dict[str, Any] = base.model_dump()
     priorities: dict[str, dict[str, int]] = {name: {} for name in PRIORITY_KEYS}
+    pauses: dict[tuple[str, str], bool] = {}
     for text in assignments:
         key, value = parse_assignment(text)
         section, _, rest = key.partition(".")
-        if section == "dispatcher":
+        if section == "dispatcher" and rest.partition(".")[0] == "pause":
+            _set_pause(pauses, key, rest.partition(".")[2], value)
+        elif section == "dispatcher":
             _set_dispatcher(dispatcher, key, rest, value)
         elif section == "jobs":
             _set_priority(priorities, key, rest, value)
@@ -112,7 +129,26 @@ def apply_overrides(base: DispatcherSettings, assignments: Sequence[str]) -> Rep
         settings = DispatcherSettings.model_validate(dispatcher)
     except ValidationError as error:
         raise OverrideError(_validation_message(error)) from None
-    return ReplayPolicy(settings, priorities["exec_priority"], priorities["client_priority"])
+    return ReplayPolicy(
+        settings, priorities["exec_priority"], priorities["client_priority"], pauses
+    )
+
+
+def _set_pause(pauses: dict[tuple[str, str], bool], key: str, rest: str, value: Any) -> None:
+    """`dispatcher.pause.exec.<pattern>` or `dispatcher.pause.client.<client>` = true/false."""
+    scope, _, target = rest.partition(".")
+    if scope not in ("exec", "client") or not target:
+        raise OverrideError(
+            f"--set {key}: expected dispatcher.pause.exec.<pattern>=true|false or "
+            "dispatcher.pause.client.<client>=true|false"
+        )
+    if not isinstance(value, bool):
+        raise OverrideError(f"--set {key}: expected true or false, got {value!r}")
+    try:
+        kind, name = checked_target(scope, target)
+    except Rejected as error:
+        raise OverrideError(f"--set {key}: {error.detail}") from None
+    pauses[(kind.value, name)] = value
 
 
 def _set_dispatcher(dispatcher: dict[str, Any], key: str, rest: str, value: Any) -> None:

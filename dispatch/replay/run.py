@@ -91,6 +91,7 @@ def replay_history(
         recorded_under=recorded_under,
         seed=seed,
         iterations=history.instants,
+        controls=history.controls,
     )
     return ReplayReport(
         parameters=parameters or {},

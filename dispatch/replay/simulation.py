@@ -2,10 +2,10 @@
 served by a simulated fleet.
 
 A discrete-event simulation: the clock jumps from one instant to the next, whichever comes
-first of the next outside event (a submission at its recorded time, a cancellation, a worker
-joining or leaving, an attempt ending on its worker, a worker stopping an attempt whose
-cancel reached it) and the core's next timer (a deadline, a delayed job:
-`Dispatcher.next_timer_at`, where `tick` is called). Nothing reads a real clock
+first of the next outside event (a submission at its recorded time, a cancellation, an
+operator's pause or resume, a worker joining or leaving, an attempt ending on its worker, a
+worker stopping an attempt whose cancel reached it) and the core's next timer (a deadline, a
+delayed job: `Dispatcher.next_timer_at`, where `tick` is called). Nothing reads a real clock
 and nothing is drawn while it runs (the lease tokens are seeded, the attempts' behaviour is
 fixed beforehand), so the same history, policy, fleet and seed give the same events.
 """
@@ -28,7 +28,7 @@ from dispatch.core.events import Assigned, CancelRequested, Event, Reassigned
 from dispatch.core.leases import seeded_lease_tokens
 from dispatch.replay.behaviour import AttemptPlans
 from dispatch.replay.fleet import FleetWorker
-from dispatch.replay.model import ANSWERING, Outcome, RecordedJob
+from dispatch.replay.model import ANSWERING, Outcome, RecordedControl, RecordedJob
 from dispatch.replay.overrides import ReplayPolicy
 from dispatch.settings import DispatcherSettings
 
@@ -47,7 +47,8 @@ class _Kind(IntEnum):
     WORKER = 1
     SUBMIT = 2
     CANCEL = 3
-    LEAVE = 4
+    CONTROL = 4
+    LEAVE = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +138,7 @@ class Simulation:
         recorded_under: DispatcherSettings | None = None,
         seed: int = 0,
         iterations: Sequence[float] = (),
+        controls: Sequence[RecordedControl] = (),
     ) -> None:
         self.iterations = iterations
         self.core = Dispatcher(policy.core_config(), lease_token=seeded_lease_tokens(seed))
@@ -164,6 +166,16 @@ class Simulation:
             self._schedule(job.submitted_at, _Kind.SUBMIT, request)
             if job.cancelled_at is not None:
                 self._schedule(job.cancelled_at, _Kind.CANCEL, job)
+        # The operator's pauses and resumes at their times, but for the targets the policy
+        # pauses for the whole replay (from before anything else) or never.
+        for (scope, target), paused in sorted(policy.pauses.items()):
+            if paused:
+                self._schedule(
+                    start - 1.0, _Kind.CONTROL, RecordedControl(start, True, scope, target)
+                )
+        for control in controls:
+            if (control.scope, control.target) not in policy.pauses:
+                self._schedule(control.at, _Kind.CONTROL, control)
 
     def _schedule(self, at: float, kind: _Kind, item: object, order: int = 0) -> None:
         # Times to the microsecond: a run time added to a start time must land on the same
@@ -225,6 +237,16 @@ class Simulation:
             if item.worker_id in self.alive:
                 self.alive.discard(item.worker_id)
                 self._record(core.lose_worker(item.worker_id, at, reason="left"))
+        elif kind is _Kind.CONTROL:
+            assert isinstance(item, RecordedControl)
+            # Answers [] for what is paused already / not paused (e.g. a resume of a pause
+            # from before the read).
+            if item.pause:
+                self._record(
+                    core.pause(item.scope, item.target, at, by=item.by, reason=item.reason)
+                )
+            else:
+                self._record(core.unpause(item.scope, item.target, at, by=item.by))
         else:
             assert isinstance(item, RecordedJob)
             # Refused when the job has ended in the replay (it ran sooner than in the
@@ -336,10 +358,18 @@ def simulate(
     recorded_under: DispatcherSettings | None = None,
     seed: int = 0,
     iterations: Sequence[float] = (),
+    controls: Sequence[RecordedControl] = (),
 ) -> SimulationResult:
     """Replay `jobs` under `policy` on `fleet` (see the module's doc); `iterations`: the
-    recorded instants timers snap to (`History.instants`)."""
+    recorded instants timers snap to (`History.instants`); `controls`: the recorded pauses
+    and resumes (`History.controls`)."""
     simulation = Simulation(
-        jobs, fleet, policy, recorded_under=recorded_under, seed=seed, iterations=iterations
+        jobs,
+        fleet,
+        policy,
+        recorded_under=recorded_under,
+        seed=seed,
+        iterations=iterations,
+        controls=controls,
     )
     return simulation.run()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatch.core.events import JobHeartbeat
 from dispatch.replay.fleet import recorded_fleet
 from dispatch.replay.history import recorded_history
 from dispatch.replay.overrides import apply_overrides
@@ -31,7 +32,7 @@ from tests.unit.replay.recording import (
     write_events_table,
 )
 from tests.unit.replay.test_controls_fidelity import SETTINGS as CONTROLS
-from tests.unit.replay.test_controls_fidelity import controlled_jobs, per_job
+from tests.unit.replay.test_controls_fidelity import controls_of, per_job, record_controlled
 
 ABSOLUTE_S = 0.25
 RELATIVE = 0.05
@@ -121,10 +122,13 @@ def test_the_tolerance_catches_a_replay_that_is_off() -> None:
 
 def test_cancels_time_limits_and_expiry_replay_as_recorded_from_delta(tmp_path: Path) -> None:
     """The controlled recording (tests/unit/replay/test_controls_fidelity.py: retries, an
-    expiry, a queued and three running jobs cancelled, attempts ended by their time limit)
-    written to Delta `events` and read back: every job's events come again, exactly."""
+    expiry, a queued and three running jobs cancelled, attempts ended by their time limit,
+    pauses and resumes of an exec pattern and a client, heartbeats with progress) written to
+    Delta `events` and read back: every job's events come again, exactly, and the pauses and
+    resumes at their times."""
     warehouse = Warehouse.at(tmp_path / "delta")
-    write_events_table(warehouse, record_run(controlled_jobs(), CONTROLS))
+    recorded = record_controlled()
+    write_events_table(warehouse, recorded)
     events = read_events(warehouse, group="default")
     history = recorded_history(events)
     result = simulate(
@@ -133,11 +137,15 @@ def test_cancels_time_limits_and_expiry_replay_as_recorded_from_delta(tmp_path: 
         apply_overrides(CONTROLS, ()),
         recorded_under=CONTROLS,
         iterations=history.instants,
+        controls=history.controls,
     )
+    assert len(history.controls) == 6
+    assert any(isinstance(e, JobHeartbeat) and e.progress is not None for e in events)
     actual = per_job(history.events)
     assert {step[0] for steps in actual.values() for step in steps} >= {
         "cancel_requested", "cancelled", "expired", "requeued", "dead_lettered",
     }  # fmt: skip
     assert per_job(result.events) == actual
+    assert controls_of(result.events) == controls_of(recorded)
     report = run_replay(warehouse, CONTROLS, ReplayRequest())
     assert all(group.actual == group.simulated for group in report.groups)

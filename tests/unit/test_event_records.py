@@ -14,6 +14,10 @@ from dispatch.core.events import (
     CancelRequested,
     Enqueued,
     Event,
+    JobHeartbeat,
+    Paused,
+    PauseScope,
+    Resumed,
     WorkerJoined,
 )
 from dispatch.event_records import decode_batch, encode_batch, encode_batches
@@ -55,6 +59,29 @@ def test_a_time_limit_and_a_running_job_s_cancel_round_trip() -> None:
     assert written[1]["by"] == "ops-key"
     # A queued job's cancel without a reason is written as before the new fields.
     assert written[3] == {"type": "cancelled", "epoch": 3, "at": 14.0, "job_id": "j2"}
+
+
+def test_pauses_resumes_and_progress_reports_round_trip() -> None:
+    events: list[Event] = [
+        Paused(epoch=3, at=10.0, scope=PauseScope.EXEC, target="image.>", by="ops", reason="r"),
+        Paused(epoch=3, at=10.5, scope=PauseScope.CLIENT, target="acme"),
+        JobHeartbeat(
+            epoch=3, at=11.0, job_id="j1", worker_id="w1", attempt=1, lease="3-1",
+            deadline=41.0, progress={"done": 3.0, "total": 10.0, "message": "step é"},
+        ),
+        JobHeartbeat(
+            epoch=3, at=11.5, job_id="j1", worker_id="w1", attempt=1, lease="3-1", deadline=41.5
+        ),
+        Resumed(epoch=3, at=12.0, scope=PauseScope.EXEC, target="image.>", by="ops"),
+    ]  # fmt: skip
+    raw = encode_batch("default", 3, events)
+    assert decode_batch(raw).events == events
+    written = json.loads(raw)["events"]
+    assert written[1] == {
+        "type": "paused", "epoch": 3, "at": 10.5, "scope": "client", "target": "acme",
+    }  # fmt: skip
+    # A heartbeat without a report is written as before the field.
+    assert "progress" not in written[3]
 
 
 @pytest.mark.parametrize(

@@ -174,7 +174,9 @@ def jobs_of(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def replay_after(settings: Settings, snapshot: Snapshot) -> Dispatcher:
     """What a new leader does: restore the snapshot, replay the log after its offsets."""
-    core = Dispatcher.restore(snapshot.jobs, config=CONFIG, epoch=snapshot.fence_epoch)
+    core = Dispatcher.restore(
+        snapshot.jobs, config=CONFIG, epoch=snapshot.fence_epoch, pauses=snapshot.pauses
+    )
     consumer = KafkaConsumer(
         bootstrap_servers=settings.kafka.bootstrap,
         group_id=None,

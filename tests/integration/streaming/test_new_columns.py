@@ -1,8 +1,10 @@
 """A `jobs` table made before the later columns (retry and expiry; the hard time limit and
-the cancel of a running job) gets them when the fold starts."""
+the cancel of a running job; the worker's progress report) gets them when the fold starts,
+and a new `pauses` table appears beside it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 
-LATER = ("retry", "expires_at", "max_run_s", "run_limit_at", "cancel_requested_at")
+LATER = ("retry", "expires_at", "max_run_s", "run_limit_at", "cancel_requested_at", "progress")
 
 
 def test_create_tables_adds_the_new_columns_to_an_old_jobs_table(
@@ -69,6 +71,7 @@ def test_create_tables_adds_the_new_columns_to_an_old_jobs_table(
             "max_run_s": 30.0,
             "run_limit_at": 32.0,
             "cancel_requested_at": 15.0,
+            "progress": {"done": 2, "total": 8, "message": "two of eight", "at": 14.0},
         }
     )
     write_deltalake(
@@ -85,6 +88,9 @@ def test_create_tables_adds_the_new_columns_to_an_old_jobs_table(
         rows["running"]["run_limit_at"],
         rows["running"]["cancel_requested_at"],
     ) == (30.0, 32.0, 15.0)
+    assert json.loads(rows["running"]["progress"]) == {
+        "done": 2.0, "total": 8.0, "message": "two of eight", "at": 14.0,
+    }  # fmt: skip
     assert record_from_row(rows["running"]) == running
     assert record_from_row(rows["old"]) == old
     # Spark reads the old table with the new columns too (NULL in the old rows).
@@ -93,6 +99,9 @@ def test_create_tables_adds_the_new_columns_to_an_old_jobs_table(
     by_id = {row["id"]: row for row in frame.collect()}
     assert by_id["running"]["cancel_requested_at"] == 15.0
     assert by_id["old"]["max_run_s"] is None
+    assert by_id["old"]["progress"] is None
+    # The pauses table is there, empty.
+    assert warehouse.open(t.PAUSES).to_pyarrow_table().num_rows == 0
 
 
 def test_the_fold_writes_a_job_with_a_time_limit_into_an_old_jobs_table(
@@ -118,6 +127,9 @@ def test_the_fold_writes_a_job_with_a_time_limit_into_an_old_jobs_table(
     events = core.begin_epoch(1, 100.0) + core.join("w", ["job.assign.>"], 100.0)
     request = SubmitRequest(id="limited", exec="a.b", payload=None, max_run_s=30.0)
     events += core.submit(request, 101.0) + core.grant_credit("w", 1, 101.0)
+    held = core.job("limited")
+    assert held is not None and held.lease is not None
+    events += core.heartbeat("limited", 1, held.lease, 101.5, progress={"done": 1, "total": 4})
     events += core.cancel("limited", 102.0, by="ops")
     logged = [LoggedEvent(0, i, 0, "g", 1, event) for i, event in enumerate(events)]
     folded = fold_batch(logged, [True] * len(logged), {})
@@ -135,3 +147,4 @@ def test_the_fold_writes_a_job_with_a_time_limit_into_an_old_jobs_table(
         131.0,
         102.0,
     )
+    assert record.progress == {"done": 1.0, "total": 4.0, "message": None, "at": 101.5}

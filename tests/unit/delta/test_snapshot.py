@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import CommitProperties, write_deltalake
 
+from dispatch.core.events import Paused, PauseScope, Resumed
 from dispatch.core.job import JobRecord, JobStatus
 from dispatch.core.retry import RetryPolicy
 from dispatch.delta import tables as t
-from dispatch.delta.job_rows import JobState, job_row
+from dispatch.delta.job_rows import JobState, job_row, job_state, records_from_arrow
+from dispatch.delta.pauses import PauseRows, apply_pauses, arrow_pauses, pauses_at, pauses_version
 from dispatch.delta.progress import BATCH, PRUNE, Progress
 from dispatch.delta.snapshot import latest_snapshot
 from dispatch.warehouse import Warehouse
@@ -107,7 +110,7 @@ def test_a_table_from_before_the_new_columns_still_gives_a_snapshot(tmp_path: Pa
     `max_run_s`, `run_limit_at`, `cancel_requested_at`: it adds them as it starts) reads as
     jobs without them."""
     rows = [job_row("g", JobState(record("a")))]
-    later = ("retry", "expires_at", "max_run_s", "run_limit_at", "cancel_requested_at")
+    later = ("retry", "expires_at", "max_run_s", "run_limit_at", "cancel_requested_at", "progress")
     for row in rows:
         for name in later:
             del row[name]
@@ -136,3 +139,85 @@ def test_a_running_job_s_time_limit_and_cancel_survive_the_snapshot(tmp_path: Pa
     assert sorted(snapshot.jobs, key=lambda job: job.id) == [running, limited, record("c")]
     row = job_row("g", JobState(record("c")))
     assert (row["max_run_s"], row["run_limit_at"], row["cancel_requested_at"]) == (None,) * 3
+
+
+def test_a_job_s_progress_survives_the_snapshot_and_is_checked(tmp_path: Path) -> None:
+    """`progress` is JSON text in `jobs`; both readers give the report back, validated."""
+    running = record("a", JobStatus.RUNNING)
+    running.attempts, running.worker_id, running.lease, running.deadline = 1, "w", "l", 20.0
+    running.progress = {"done": 3.0, "total": None, "message": "half é", "at": 12.5}
+    commit(tmp_path, [running, record("b")], "g", progress(0))
+    snapshot = latest_snapshot(Warehouse.at(tmp_path), "g")
+    assert snapshot is not None
+    assert sorted(snapshot.jobs, key=lambda job: job.id) == [running, record("b")]
+    row = job_row("g", JobState(running))
+    assert row["progress"] == '{"done":3.0,"total":null,"message":"half \\u00e9","at":12.5}'
+    assert job_state(row)[1].record == running
+    assert job_row("g", JobState(record("b")))["progress"] is None
+    row["progress"] = '{"done":-1,"at":1.0}'
+    with pytest.raises(ValueError, match=r"progress\.done"):
+        job_state(row)
+    with pytest.raises(ValueError, match=r"progress\.done"):
+        records_from_arrow(t.arrow_rows(t.JOBS, [row]))
+
+
+def paused(at: float, target: str, scope: PauseScope = PauseScope.EXEC) -> Paused:
+    return Paused(epoch=4, at=at, scope=scope, target=target, by="ops", reason=f"r{at}")
+
+
+def write_pauses(warehouse: Path, rows: PauseRows, offset: int) -> None:
+    metadata = Progress(
+        app_id="app", batch_id=offset, kind=BATCH, offsets={"ev": {0: offset}},
+        topics={"events": "ev"},
+    )  # fmt: skip
+    write_deltalake(
+        Warehouse.at(warehouse).table(t.PAUSES),
+        arrow_pauses(rows),
+        mode="overwrite",
+        commit_properties=CommitProperties(custom_metadata={"userMetadata": metadata.to_json()}),
+    )
+
+
+def test_the_snapshot_holds_the_pauses_in_force_at_its_offsets(tmp_path: Path) -> None:
+    """The newest `pauses` version at or before the snapshot's offsets: one a batch wrote
+    before failing to commit `jobs` (past them) is not taken."""
+    rows: PauseRows = {}
+    apply_pauses(rows, [("g", paused(1.0, "a.>")), ("h", paused(1.5, "x"))])
+    write_pauses(tmp_path, rows, 30)
+    apply_pauses(rows, [("g", paused(2.0, "acme", PauseScope.CLIENT))])
+    write_pauses(tmp_path, rows, 38)
+    apply_pauses(
+        rows,
+        [
+            ("g", Resumed(epoch=4, at=3.0, scope=PauseScope.EXEC, target="a.>")),
+            ("g", paused(4, "b")),
+        ],
+    )
+    write_pauses(tmp_path, rows, 45)  # a failed batch's: jobs covers 41 only
+    commit(tmp_path, [record("a")], "g", progress(1))
+    snapshot = latest_snapshot(Warehouse.at(tmp_path), "g")
+    assert snapshot is not None and snapshot.offsets == {0: 41}
+    assert snapshot.pauses == [paused(1.0, "a.>"), paused(2.0, "acme", PauseScope.CLIENT)]
+    assert set(pauses_at(Warehouse.at(tmp_path), "ev", {0: 45})) == {
+        ("g", "client", "acme"), ("g", "exec", "b"), ("h", "exec", "x"),
+    }  # fmt: skip
+    assert pauses_at(Warehouse.at(tmp_path), "ev", {0: 29}) == {}
+    assert pauses_at(Warehouse.at(tmp_path / "none"), "ev", {0: 45}) == {}
+
+
+def test_pauses_are_read_at_the_latest_version_after_maintenance(tmp_path: Path) -> None:
+    """Only maintenance after the batch's version: its rows are read from the latest version
+    (whose files VACUUM keeps), not from the batch's."""
+    rows: PauseRows = {}
+    apply_pauses(rows, [("g", paused(1.0, "a.>"))])
+    write_pauses(tmp_path, rows, 30)
+    apply_pauses(rows, [("g", paused(2.0, "b"))])
+    write_pauses(tmp_path, rows, 31)
+    table = Warehouse.at(tmp_path).open(t.PAUSES)
+    table.alter.set_table_properties({"delta.logRetentionDuration": "interval 30 days"})
+    table = Warehouse.at(tmp_path).open(t.PAUSES)
+    assert pauses_version(table, "ev", {0: 40}) == table.version() == 2
+    assert pauses_version(table, "ev", {0: 30}) == 0
+    assert set(pauses_at(Warehouse.at(tmp_path), "ev", {0: 40})) == {
+        ("g", "exec", "a.>"), ("g", "exec", "b"),
+    }  # fmt: skip

@@ -14,7 +14,9 @@ ends at once; running, its worker is told to stop and, if it heeds the cancel
 (`PlannedJob.stop_s`), stops that long after the message reaches it and answers with a
 failure (the SDK's `cancelled: ...`). An attempt stopped by its hard time limit is told to stop
 too: it stops at once and answers (refused). A stopped attempt's planned answer and credit
-never come; the credit follows the stop's answer instead.
+never come; the credit follows the stop's answer instead. An attempt may report its progress
+with a job heartbeat every `Behaviour.progress_every_s`, and an operator may pause and resume
+an exec pattern or a client at planned times (`PlannedControl`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import datetime as dt
 import heapq
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +68,19 @@ class Behaviour:
 
     run_s: float
     answer: str  # "ack", "fail", "fail_permanent", "stall"
+    progress_every_s: float | None = None
+    """Its worker heartbeats the job with a progress report this often (None: never)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedControl:
+    """An operator's pause (`pause=True`) or resume of an exec pattern or a client."""
+
+    at: float
+    pause: bool
+    scope: str
+    target: str
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +181,10 @@ class _Leader:
 
 
 def record_run(
-    jobs: list[PlannedJob], settings: DispatcherSettings = RECORDED_SETTINGS, seed: int = 1
+    jobs: list[PlannedJob],
+    settings: DispatcherSettings = RECORDED_SETTINGS,
+    seed: int = 1,
+    controls: Sequence[PlannedControl] = (),
 ) -> list[Event]:
     """Every event the leader logged, in log order, until every job ended."""
     config = settings.core_config()
@@ -177,6 +195,9 @@ def record_run(
         leader.arrive(job.at, "submit", job.request)
         if job.cancel_at is not None:
             leader.arrive(job.cancel_at, "cancel", job.request.id)
+    for control in controls:
+        kind = "pause" if control.pause else "unpause"
+        leader.arrive(control.at, kind, control.scope, control.target, control.reason)
     for worker_id in WORKERS:
         leader.arrive(START - 1.0, "join", worker_id)
     now = START - 1.0
@@ -234,6 +255,20 @@ def _command(leader: _Leader, kind: str, args: tuple[Any, ...], now: float) -> l
         return core.grant_credit(args[0], 1, now)
     if kind == "heartbeat":
         return core.worker_heartbeat(args[0], now)
+    if kind == "pause":
+        scope, target, reason = args
+        return core.pause(scope, target, now, by=CANCELLED_BY, reason=reason)
+    if kind == "unpause":
+        return core.unpause(args[0], args[1], now, by=CANCELLED_BY)
+    if kind == "progress":
+        job_id, attempt, lease, worker_id, step, steps = args
+        if (job_id, attempt) in leader.stopped:
+            return []
+        report = {"done": step, "total": steps, "message": f"step {step} of {steps}"}
+        try:
+            return core.heartbeat(job_id, attempt, lease, now, worker_id=worker_id, progress=report)
+        except Rejected:
+            return []  # it timed out meanwhile
     if kind == "cancel":
         try:
             return core.cancel(args[0], now, by=CANCELLED_BY, reason=CANCEL_REASON)
@@ -260,6 +295,13 @@ def _run_attempt(
     behaviour = plan[min(event.attempt, len(plan)) - 1]
     done = now + LATENCY_S + behaviour.run_s
     answer = "ack" if behaviour.answer == "stall" else behaviour.answer
+    every = behaviour.progress_every_s
+    if every is not None:
+        steps = int(behaviour.run_s / every)
+        for step in range(1, steps):
+            at = now + LATENCY_S + step * every + LATENCY_S
+            leader.arrive(at, "progress", event.job_id, event.attempt, event.lease,
+                          event.worker_id, step, steps)  # fmt: skip
     # The answer reaches the leader one latency later; the credit for the slot follows it.
     leader.arrive(done + LATENCY_S, answer, event.job_id, event.attempt, event.lease)
     lag = leader.timing.uniform(0.0, CREDIT_LAG_S)

@@ -1,9 +1,11 @@
 """Fidelity of the replay for jobs a client or the limits end: a recorded run (the leader loop
 of `recording.py`) with retries, an expiry, a cancel of a queued job, cancels of running jobs
 (the worker stops; the worker ignores it and its grace passes; it completes anyway) and an
-attempt stopped by its hard time limit, replayed under the settings it ran under on the
-recorded fleet, gives every job's events again: the same types, at the same times, for the
-same attempts, with the same reasons."""
+attempt stopped by its hard time limit, an exec pattern paused, resumed and paused again and
+a client paused and resumed while jobs wait (and one runs on, reporting its progress),
+replayed under the settings it ran under on the recorded fleet, gives every job's events
+again: the same types, at the same times, for the same attempts, with the same reasons; and
+the pauses and resumes again, at their times."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 
 from dispatch.core.commands import SubmitRequest
-from dispatch.core.events import Event, JobEvent
+from dispatch.core.events import Event, JobEvent, JobHeartbeat, Paused, Resumed
 from dispatch.replay.fleet import recorded_fleet
 from dispatch.replay.history import recorded_history
 from dispatch.replay.model import History, Outcome
@@ -26,6 +28,7 @@ from tests.unit.replay.recording import (
     CANCELLED_BY,
     START,
     Behaviour,
+    PlannedControl,
     PlannedJob,
     job_mix,
     record_run,
@@ -51,7 +54,8 @@ def planned(
     stop_s: float | None = None,
     **extra: Any,
 ) -> PlannedJob:
-    request = SubmitRequest(id=job_id, exec=exec_name, payload=None, client_id="ctl", **extra)
+    client_id = extra.pop("client_id", "ctl")
+    request = SubmitRequest(id=job_id, exec=exec_name, payload=None, client_id=client_id, **extra)
     cancel_at = None if cancel_at_s is None else START + cancel_at_s
     return PlannedJob(START + at_s, request, attempts, cancel_at, stop_s)
 
@@ -87,6 +91,40 @@ def controlled_jobs() -> list[PlannedJob]:
         planned(5.5, "slow-report", "report.build", (Behaviour(9.0, "ack"), Behaviour(1.0, "ack"))),
         # Retried after a failure, then done.
         planned(6.0, "flaky", "demo.flaky", (Behaviour(0.1, "fail"), Behaviour(0.2, "ack"))),
+        # Runs on while its exec is paused, reporting its progress every 0.5 s.
+        planned(6.5, "progressing", "batch.nightly", (Behaviour(2.5, "ack", 0.5),)),
+        # Submitted while `batch.*` is paused: starts at its resume.
+        planned(7.2, "held", "batch.nightly", (Behaviour(0.3, "ack"),)),
+        # Its client is paused: starts when the client is resumed.
+        planned(7.6, "held-client", "image.resize", (Behaviour(0.3, "ack"),), client_id="tx"),
+        # Submitted while `batch.*` is paused the second time.
+        planned(9.1, "held-again", "batch.weekly", (Behaviour(0.2, "ack"),)),
+    ]
+
+
+def planned_controls() -> list[PlannedControl]:
+    return [
+        PlannedControl(START + 7.0, True, "exec", "batch.*", "bad deploy"),
+        PlannedControl(START + 7.5, True, "client", "tx"),
+        PlannedControl(START + 8.0, False, "exec", "batch.*"),
+        PlannedControl(START + 8.5, False, "client", "tx"),
+        PlannedControl(START + 9.0, True, "exec", "batch.*", "again"),
+        PlannedControl(START + 10.0, False, "exec", "batch.*"),
+    ]
+
+
+def record_controlled(jobs: list[PlannedJob] | None = None) -> list[Event]:
+    """The controlled jobs (or `jobs`) run with the planned pauses and resumes."""
+    chosen = controlled_jobs() if jobs is None else jobs
+    return record_run(chosen, SETTINGS, controls=planned_controls())
+
+
+def controls_of(events: Sequence[Event]) -> list[tuple[Any, ...]]:
+    """The pauses and resumes as (type, time, scope, target, by, reason)."""
+    return [
+        (e.type, round(e.at, 6), e.scope.value, e.target, e.by, getattr(e, "reason", None))
+        for e in events
+        if isinstance(e, Paused | Resumed)
     ]
 
 
@@ -111,7 +149,7 @@ def per_job(events: Sequence[Event], only: frozenset[str] | None = None) -> dict
 
 @pytest.fixture(scope="module")
 def recorded() -> list[Event]:
-    return record_run(controlled_jobs(), SETTINGS)
+    return record_controlled()
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +170,24 @@ def test_the_recording_has_every_kind_of_ending(recorded: list[Event]) -> None:
     assert ends["flaky"] == ["enqueued", "assigned", "requeued", "assigned", "completed"]
     assert jobs["limited"][2][3] == jobs["limited"][4][3] == "time_limit"
     assert jobs["stopped"][2][5] == CANCELLED_BY
+    # The pauses hold what is queued, from their start to their resume; a running job goes
+    # on, and its progress reports are logged (at most one a second: some are dropped).
+    controls = controls_of(recorded)
+    assert [(c[0], c[2], c[3]) for c in controls] == [
+        ("paused", "exec", "batch.*"), ("paused", "client", "tx"),
+        ("resumed", "exec", "batch.*"), ("resumed", "client", "tx"),
+        ("paused", "exec", "batch.*"), ("resumed", "exec", "batch.*"),
+    ]  # fmt: skip
+    resumes = [c[1] for c in controls if c[0] == "resumed"]
+    assert jobs["held"][1][:2] == ("assigned", resumes[0])
+    assert jobs["held-client"][1][:2] == ("assigned", resumes[1])
+    assert jobs["held-again"][1][:2] == ("assigned", resumes[2])
+    assert ends["progressing"][-1] == "completed"
+    reports = [
+        e.progress for e in recorded if isinstance(e, JobHeartbeat) and e.job_id == "progressing"
+    ]
+    assert any(report is not None for report in reports)
+    assert any(report is None for report in reports), "a report too soon is left out"
 
 
 def test_the_history_reads_each_ending(history: History) -> None:
@@ -153,6 +209,13 @@ def test_the_history_reads_each_ending(history: History) -> None:
     ]
     assert jobs["late"].expires_at is not None and not jobs["late"].attempts
     assert jobs["waiting"].cancelled_at is not None and not jobs["waiting"].attempts
+    assert [(c.pause, c.scope, c.target, c.by) for c in history.controls] == [
+        (True, "exec", "batch.*", CANCELLED_BY), (True, "client", "tx", CANCELLED_BY),
+        (False, "exec", "batch.*", CANCELLED_BY), (False, "client", "tx", CANCELLED_BY),
+        (True, "exec", "batch.*", CANCELLED_BY), (False, "exec", "batch.*", CANCELLED_BY),
+    ]  # fmt: skip
+    assert history.controls[0].reason == "bad deploy"
+    assert len(jobs["progressing"].attempts[0].heartbeats) >= 3
 
 
 def test_the_replay_gives_every_jobs_recorded_events_again(
@@ -165,6 +228,7 @@ def test_the_replay_gives_every_jobs_recorded_events_again(
         policy,
         recorded_under=SETTINGS,
         iterations=history.instants,
+        controls=history.controls,
     )
     actual = per_job(history.events)
     replayed = per_job(result.events)
@@ -172,6 +236,7 @@ def test_the_replay_gives_every_jobs_recorded_events_again(
     different = {job_id: (actual[job_id], replayed[job_id]) for job_id in actual}
     different = {job_id: pair for job_id, pair in different.items() if pair[0] != pair[1]}
     assert different == {}
+    assert controls_of(result.events) == controls_of(recorded)
     report = replay_history(
         history, policy, fleet_for(ReplayRequest(), history), recorded_under=SETTINGS
     )
@@ -186,7 +251,7 @@ def test_a_job_s_own_limit_is_kept_and_a_default_one_follows_a_what_if(history: 
     policy = apply_overrides(SETTINGS, ['dispatcher.max_run_by_exec={"report.>": 20}'])
     result = simulate(
         history.jobs, recorded_fleet(history), policy, recorded_under=SETTINGS,
-        iterations=history.instants,
+        iterations=history.instants, controls=history.controls,
     )  # fmt: skip
     replayed = per_job(result.events)
     assert replayed["limited"] == per_job(history.events)["limited"]
@@ -195,14 +260,35 @@ def test_a_job_s_own_limit_is_kept_and_a_default_one_follows_a_what_if(history: 
     assert ("requeued", "timeout") in report_steps
 
 
+def test_what_if_pauses_hold_or_free_what_they_name(history: History) -> None:
+    """`--set dispatcher.pause.exec.batch.*=false`: the recorded pauses of `batch.*` are left
+    out, so its held jobs start when submitted; `dispatcher.pause.client.tx=true`: the
+    client is held for the whole replay, its job never starts (the client's own recorded
+    pause and resume are left out too)."""
+    policy = apply_overrides(
+        SETTINGS, ["dispatcher.pause.exec.batch.*=false", "dispatcher.pause.client.tx=true"]
+    )
+    result = simulate(
+        history.jobs, recorded_fleet(history), policy, recorded_under=SETTINGS,
+        iterations=history.instants, controls=history.controls,
+    )  # fmt: skip
+    replayed = per_job(result.events)
+    jobs = {job.job_id: job for job in history.jobs}
+    for job_id in ("held", "held-again"):
+        assert replayed[job_id][1][0] == "assigned"
+        assert replayed[job_id][1][1] < round(jobs[job_id].submitted_at + 0.05, 6)
+    assert [step[0] for step in replayed["held-client"]] == ["enqueued"]
+    assert [(c[0], c[2], c[3]) for c in controls_of(result.events)] == [("paused", "client", "tx")]
+
+
 def test_jobs_of_a_mix_with_controls_replay_to_the_same_outcomes() -> None:
     """The demo mix plus the controlled jobs: every job ends the same way in the replay."""
     jobs = sorted([*job_mix(seed=3, duration_s=20.0), *controlled_jobs()], key=lambda j: j.at)
-    history = recorded_history(record_run(jobs, SETTINGS))
+    history = recorded_history(record_controlled(jobs))
     policy = apply_overrides(SETTINGS, ())
     result = simulate(
         history.jobs, recorded_fleet(history), policy, recorded_under=SETTINGS,
-        iterations=history.instants,
+        iterations=history.instants, controls=history.controls,
     )  # fmt: skip
     endings = {"completed", "dead_lettered", "cancelled", "expired"}
 

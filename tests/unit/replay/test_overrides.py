@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dispatch.replay.overrides import OverrideError, apply_overrides, parse_assignment
@@ -102,3 +104,34 @@ def test_time_limits_and_the_cancel_grace_reach_the_core() -> None:
         apply_overrides(BASE, ["dispatcher.max_run_by_exec=60"])
     with pytest.raises(OverrideError, match=r"--set dispatcher\.cancel_grace_s"):
         apply_overrides(BASE, ["dispatcher.cancel_grace_s=0"])
+
+
+def test_what_if_pauses_are_checked_and_recorded() -> None:
+    policy = apply_overrides(
+        BASE,
+        [
+            "dispatcher.pause.exec.image.>=true",
+            "dispatcher.pause.client.acme=true",
+            "dispatcher.pause.client.acme=false",
+        ],
+    )
+    assert dict(policy.pauses) == {("exec", "image.>"): True, ("client", "acme"): False}
+    assert policy.to_dict()["dispatcher"]["pause"] == {
+        "client": {"acme": False},
+        "exec": {"image.>": True},
+    }
+    assert "pause" not in apply_overrides(BASE, ()).to_dict()["dispatcher"]
+
+
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("dispatcher.pause.exec.a.>=1", "expected true or false"),
+        ("dispatcher.pause.queue.a=true", "dispatcher.pause.exec.<pattern>"),
+        ("dispatcher.pause.exec=true", "dispatcher.pause.exec.<pattern>"),
+        ("dispatcher.pause.exec.a.>.b=true", "dispatcher.pause.exec.a.>.b: exec"),
+    ],
+)
+def test_a_wrong_what_if_pause_names_the_key(assignment: str, message: str) -> None:
+    with pytest.raises(OverrideError, match=re.escape(message)):
+        apply_overrides(BASE, [assignment])

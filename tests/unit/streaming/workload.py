@@ -135,9 +135,15 @@ class Driver:
     def tick(self, step: float) -> None:
         self.do(lambda core, now: core.tick(now), step=step)
 
-    def heartbeat(self, job_id: str) -> None:
+    def heartbeat(self, job_id: str, progress: dict[str, Any] | None = None) -> None:
         attempt, lease, _ = self.running[job_id]
-        self.do(lambda core, now: core.heartbeat(job_id, attempt, lease, now))
+        self.do(lambda core, now: core.heartbeat(job_id, attempt, lease, now, progress=progress))
+
+    def pause(self, scope: str, target: str, reason: str = "") -> None:
+        self.do(lambda core, now: core.pause(scope, target, now, by="ops-key", reason=reason))
+
+    def unpause(self, scope: str, target: str) -> None:
+        self.do(lambda core, now: core.unpause(scope, target, now, by="ops-key"))
 
 
 def mixed_workload(*, prune: bool = False) -> Workload:

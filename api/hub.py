@@ -30,6 +30,7 @@ from dispatch.core.events import (
     DeadLettered,
     Event,
     JobEvent,
+    JobHeartbeat,
     LeaderElected,
     Reassigned,
     Requeued,
@@ -180,6 +181,7 @@ class Hub:
         finished: dict[str, dict[str, Any]] = {}
         lost: list[str] = []
         stops: list[tuple[str, dict[str, Any]]] = []
+        progress: dict[str, tuple[str, dict[str, Any]]] = {}
         workers_changed = False
         for event in events:
             if type(event) in _WORKERS_CHANGED:
@@ -194,6 +196,10 @@ class Hub:
                 order = stop_order(event)
                 if order is not None:
                     stops.append(order)
+            elif type(event) is JobHeartbeat and event.progress is not None:
+                job = core.job_view(event.job_id)
+                if job is not None and job.progress is not None:
+                    progress[event.job_id] = (job.client_id, job.progress)
             if isinstance(event, JobEvent):
                 job = core.job_view(event.job_id)
                 if job is not None and job.status in TERMINAL_STATUSES:
@@ -201,6 +207,8 @@ class Hub:
         self._metrics.observe_committed(core, events)
         if workers_changed:
             self.served.refresh(core.subject_patterns())
+        if progress:
+            self._loop.call_soon_threadsafe(self._tell_progress, progress)
         if not (assignments or finished or lost or stops):
             return
         with self._lock:
@@ -260,6 +268,12 @@ class Hub:
                     waiter.set_result(None)
             for stream in self._client_streams.get(job["client_id"], ()):
                 stream.put_nowait({"type": "result", **job})
+
+    def _tell_progress(self, progress: dict[str, tuple[str, dict[str, Any]]]) -> None:
+        """Each job's latest progress to its client's result streams."""
+        for job_id, (client_id, report) in progress.items():
+            for stream in self._client_streams.get(client_id, ()):
+                stream.put_nowait({"type": "progress", "id": job_id, "progress": report})
 
     def _clear_outbox(self, worker_id: str) -> None:
         outbox = self.outboxes.get(worker_id)

@@ -21,7 +21,7 @@ from dispatch.api.hub import Hub, public_job, stop_orders_for
 from dispatch.api.worker_sync import Held, rejoin
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import RejectCode, Rejected
-from dispatch.core.events import Cancelled, Event
+from dispatch.core.events import Cancelled, Event, Paused
 from dispatch.core.job import JobRecord, JobStatus
 from dispatch.core.queries import ClientLoads
 
@@ -85,7 +85,47 @@ class ListDeadLetters(LoopCommand[list[JobView]]):
 @dataclass(frozen=True, slots=True)
 class ListQueues(LoopCommand[list[dict[str, Any]]]):
     def answer(self, core: Dispatcher, events: list[Event]) -> list[dict[str, Any]]:
-        return [stats.to_dict() for stats in core.queue_stats()]
+        return [
+            {**stats.to_dict(), "paused": core.exec_paused(stats.exec)}
+            for stats in core.queue_stats()
+        ]
+
+
+def pause_view(paused: Paused) -> dict[str, Any]:
+    """A pause in force as the API shows it (`GET /v1/pauses`)."""
+    return {
+        "scope": paused.scope.value,
+        "target": paused.target,
+        "at": paused.at,
+        "by": paused.by,
+        "reason": paused.reason,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ListPauses(LoopCommand[list[dict[str, Any]]]):
+    def answer(self, core: Dispatcher, events: list[Event]) -> list[dict[str, Any]]:
+        return [pause_view(paused) for paused in core.pauses()]
+
+
+@dataclass(frozen=True, slots=True)
+class SetPause(LoopCommand[list[dict[str, Any]]]):
+    """Pause (`paused=True`) or resume an exec pattern or a client; answers the pauses in
+    force after it."""
+
+    scope: str
+    target: str
+    paused: bool
+    by: str | None = None
+    reason: str = ""
+
+    def decide(self, core: Dispatcher, now: float) -> list[Event]:
+        if self.paused:
+            return core.pause(self.scope, self.target, now, by=self.by, reason=self.reason)
+        return core.unpause(self.scope, self.target, now, by=self.by)
+
+    def answer(self, core: Dispatcher, events: list[Event]) -> list[dict[str, Any]]:
+        return [pause_view(paused) for paused in core.pauses()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,11 +416,13 @@ class ExtendAttempt(LoopCommand[JobView | None]):
     lease: str
     worker_id: str | None = None
     owner: str | None = None
+    progress: dict[str, Any] | None = None
 
     def decide(self, core: Dispatcher, now: float) -> list[Event]:
         return core.heartbeat(
-            self.job_id, self.attempt, self.lease, now, worker_id=self.worker_id, owner=self.owner
-        )
+            self.job_id, self.attempt, self.lease, now, worker_id=self.worker_id,
+            owner=self.owner, progress=self.progress,
+        )  # fmt: skip
 
     def answer(self, core: Dispatcher, events: list[Event]) -> JobView | None:
         return view_of(core, self.job_id)

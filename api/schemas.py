@@ -18,6 +18,7 @@ from dispatch.core.commands import (
     MAX_TIMEOUT_S,
 )
 from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN
+from dispatch.core.progress import MAX_PROGRESS_MESSAGE, MAX_PROGRESS_NUMBER
 from dispatch.core.retry import MAX_RETRY_DELAY_S
 
 _EXEC_PATTERN = r"^[^.\s*>]+(\.[^.\s*>]+)*$"
@@ -155,6 +156,20 @@ class Ack(Settle):
     result: Any = None
 
 
+class ProgressReport(_Body):
+    done: float = Field(ge=0, le=MAX_PROGRESS_NUMBER, description="Work done so far")
+    total: float | None = Field(None, ge=0, le=MAX_PROGRESS_NUMBER, description="All of it")
+    message: str | None = Field(None, max_length=MAX_PROGRESS_MESSAGE)
+
+
+class Beat(Settle):
+    progress: ProgressReport | None = Field(
+        None,
+        description="The handler's progress; the job keeps at most one report a second "
+        "(one sooner is dropped, the heartbeat still counts)",
+    )
+
+
 class Fail(Settle):
     error: str = ""
     retryable: bool = True
@@ -223,6 +238,23 @@ class QueueView(BaseModel):
     ready: int
     delayed: int
     running: int
+    paused: bool = Field(False, description="An exec pause holds it: nothing new starts")
+
+
+class PauseView(BaseModel):
+    scope: Literal["exec", "client"]
+    target: str = Field(description="The exec pattern, or the client id")
+    at: float
+    by: str | None = Field(description="The name of the key that paused it")
+    reason: str
+
+
+class PauseList(BaseModel):
+    pauses: list[PauseView]
+
+
+class PauseBody(_Body):
+    reason: str = Field("", max_length=1_000, description="Why (kept with the pause)")
 
 
 class QueueList(BaseModel):

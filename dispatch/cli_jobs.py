@@ -46,7 +46,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from typer.models import CommandInfo
 
-    from dispatch.client import Accepted, Client, Job, Submission
+    from dispatch.client import Accepted, Client, Job, Pause, Submission
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -521,6 +521,92 @@ def cancel(
         )
 
 
+# --- pause, resume, purge --------------------------------------------------------------------
+
+
+def _scope_of(exec_pattern: str | None, client_id: str | None) -> tuple[str, str]:
+    if (exec_pattern is None) == (client_id is None):
+        _fail("give --exec PATTERN or --client ID (one of the two)", EXIT_USAGE)
+    return ("exec", exec_pattern) if exec_pattern is not None else ("client", client_id or "")
+
+
+ExecOption = Annotated[
+    str | None,
+    typer.Option("--exec", help="An exec pattern: image.resize, image.* (one token), image.>."),
+]
+ClientOption = Annotated[str | None, typer.Option("--client", help="A client id (a tenant).")]
+
+
+def _show_pauses(pauses: list[Pause], as_json: bool) -> None:
+    if as_json:
+        _print_json([pause.model_dump() for pause in pauses])
+        return
+    if not pauses:
+        Console().print("nothing is paused")
+        return
+    table = Table("scope", "target", "since", "by", "reason")
+    for pause in pauses:
+        table.add_row(pause.scope, escape(pause.target), _when(pause.at),
+                      escape(pause.by or "-"), escape(pause.reason))  # fmt: skip
+    Console().print(table)
+
+
+def pause(
+    exec_pattern: ExecOption = None,
+    client_id: ClientOption = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why (kept with the pause).")] = "",
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Pause an exec pattern's queues or a client's jobs: nothing new starts (running jobs
+    finish; submissions still queue) until `resume`. Without options: list the pauses. An
+    admin command (the admin development key by default)."""
+    with _client(url, api_key, "admin") as client:
+        if exec_pattern is None and client_id is None:
+            _show_pauses(client.pauses(), as_json)
+            return
+        scope, target = _scope_of(exec_pattern, client_id)
+        _show_pauses(client.pause(scope, target, reason=reason or None), as_json)
+
+
+def resume(
+    exec_pattern: ExecOption = None,
+    client_id: ClientOption = None,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """End a pause (exactly this one: resuming image.* leaves image.> paused); what it held
+    starts at once. An admin command."""
+    scope, target = _scope_of(exec_pattern, client_id)
+    with _client(url, api_key, "admin") as client:
+        _show_pauses(client.resume(scope, target), as_json)
+
+
+def purge(
+    exec_pattern: ExecOption = None,
+    client_id: ClientOption = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why (kept in each job's error).")] = "",
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 10_000,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel the queued jobs of an exec pattern or a client (running ones finish), at most
+    --limit a call. An admin command; pause first to stop new ones from starting."""
+    _scope_of(exec_pattern, client_id)
+    with _client(url, api_key, "admin") as client:
+        answer = client.cancel_many(
+            exec=exec_pattern, client_id=client_id, status="queued", limit=limit,
+            reason=reason or None,
+        )  # fmt: skip
+    if as_json:
+        _print_json(answer)
+    else:
+        Console().print(f"purged {answer['cancelled']} queued job(s)")
+
+
 # --- worker ---------------------------------------------------------------------------------
 
 
@@ -631,6 +717,9 @@ def register(app: typer.Typer) -> None:
     app.command("submit")(submit)
     app.command("status")(_status_command(stack_status))
     app.command("cancel")(cancel)
+    app.command("pause")(pause)
+    app.command("resume")(resume)
+    app.command("purge")(purge)
     dlq = typer.Typer(
         help="Read and repair the dead-letter queue.",
         no_args_is_help=True,

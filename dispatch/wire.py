@@ -93,6 +93,11 @@ class JobView(_SentInFull):
     cancel_requested_at: float | None = Field(
         None, description="Cancelling: when the cancel was asked for"
     )
+    progress: dict[str, Any] | None = Field(
+        None,
+        description="The latest progress its worker reported for the current attempt: "
+        "{done, total, message, at} (null: none)",
+    )
 
     @property
     def terminal(self) -> bool:
@@ -155,6 +160,7 @@ def job_view_of(job: JobRecord) -> dict[str, Any]:
     record["max_run_s"] = job.max_run_s
     record["run_limit_at"] = job.run_limit_at
     record["cancel_requested_at"] = job.cancel_requested_at
+    record["progress"] = job.progress
     return {name: record[name] for name in _JOB_VIEW_FIELDS}
 
 

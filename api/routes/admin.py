@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query
 
 from dispatch.api.deps import AdminDep, AnyoneDep, NodeDep
 from dispatch.api.leader import LeaderUnavailable
-from dispatch.api.loop_commands import ListDeadLetters, ListQueues, ListWorkers, RedriveJob
-from dispatch.api.schemas import LeaderView, QueueList, WorkerList, error_responses
+from dispatch.api.loop_commands import (
+    ListDeadLetters,
+    ListPauses,
+    ListQueues,
+    ListWorkers,
+    RedriveJob,
+    SetPause,
+)
+from dispatch.api.schemas import (
+    LeaderView,
+    PauseBody,
+    PauseList,
+    QueueList,
+    WorkerList,
+    error_responses,
+)
 from dispatch.wire import JobList, JobView
 
 router = APIRouter(prefix="/v1", tags=["operations"])
@@ -36,6 +50,43 @@ async def redrive(job_id: str, node: NodeDep, principal: AdminDep) -> dict[str, 
     """Requeue a dead job with its attempts reset (409 if it is not dead). The key's name
     is recorded in the job's `redriven` event."""
     return await node.call(RedriveJob(job_id, by=principal.name))
+
+
+PauseScopeParam = Literal["exec", "client"]
+_PAUSE_ERRORS = error_responses({422: "The scope, pattern, client id or reason is refused"})
+
+
+@router.get("/pauses", response_model=PauseList)
+async def pauses(node: NodeDep, _principal: AdminDep) -> dict[str, Any]:
+    """The pauses in force, oldest first."""
+    return {"pauses": await node.call(ListPauses())}
+
+
+@router.put("/pauses/{scope}/{target}", response_model=PauseList, responses=_PAUSE_ERRORS)
+async def pause(
+    scope: PauseScopeParam,
+    target: str,
+    node: NodeDep,
+    principal: AdminDep,
+    body: PauseBody | None = None,
+) -> dict[str, Any]:
+    """Pause an exec pattern's queues (`exec`: `image.*` one token, `image.>` one or more)
+    or a client's jobs (`client`): nothing new of theirs starts, running jobs go on,
+    submissions still queue. Pausing what is paused keeps the first pause. Answers the
+    pauses in force. To purge what waits: `POST /v1/jobs/cancel` with `status: queued`."""
+    reason = "" if body is None else body.reason
+    command = SetPause(scope, target, True, by=principal.name, reason=reason)
+    return {"pauses": await node.call(command)}
+
+
+@router.delete("/pauses/{scope}/{target}", response_model=PauseList, responses=_PAUSE_ERRORS)
+async def resume(
+    scope: PauseScopeParam, target: str, node: NodeDep, principal: AdminDep
+) -> dict[str, Any]:
+    """Resume: end exactly this pause (resuming `image.*` leaves `image.>` paused); what it
+    held starts at once. Answers the pauses in force."""
+    command = SetPause(scope, target, False, by=principal.name)
+    return {"pauses": await node.call(command)}
 
 
 @router.get("/queues", response_model=QueueList)

@@ -88,14 +88,27 @@ async def _known(node: Node, ids: list[str]) -> dict[str, dict[str, Any]]:
     return await node.call(ReadJobs(ids))
 
 
-async def _archived(leader: Leader, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+ARCHIVE_LOOKUP_S = 10.0
+"""Longest wait for a Delta lookup of jobs the leader forgot (object storage may hang)."""
+
+
+async def _archived(
+    leader: Leader, ids: Sequence[str], *, strict: bool = False
+) -> dict[str, dict[str, Any]]:
     """The jobs among `ids` that Delta holds (the leader forgot them: they finished before its
-    finished window). Best effort: when Delta cannot be read, nothing is found (and logged),
-    so a submission is not refused because object storage is slow or away."""
+    finished window). Best effort: when Delta cannot be read within ARCHIVE_LOOKUP_S, nothing
+    is found (and logged), so a submission is not refused because object storage is slow or
+    away; with `strict` (a read of one job), a 503 instead, rather than a 404 that would say
+    the job does not exist."""
+    lookup = asyncio.to_thread(leader.archive.find_jobs, leader.group, ids)
     try:
-        records = await asyncio.to_thread(leader.archive.find_jobs, leader.group, ids)
+        records = await asyncio.wait_for(lookup, ARCHIVE_LOOKUP_S)
     except Exception as error:  # noqa: BLE001  (see above)
         log.warning("cannot look up %d job ids in Delta: %r", len(ids), error)
+        if strict:
+            raise ApiError(
+                503, "the job history (Delta) did not answer in time: try again", "unavailable"
+            ) from None
         return {}
     return {job_id: public_job(record) for job_id, record in records.items()}
 
@@ -232,7 +245,7 @@ async def read_job(
                 # it, result and all), or it is unknown. Asked once: a job that appears
                 # while we wait is a new one, and the leader holds it.
                 looked_in_delta = True
-                job = (await _archived(node.leader(), [job_id])).get(job_id)
+                job = (await _archived(node.leader(), [job_id], strict=True)).get(job_id)
         except LeaderUnavailable:
             if waiter is not None:
                 node.hub.forget_waiter(job_id, waiter)
@@ -276,7 +289,7 @@ async def _cancel(node: Node, principal: Principal, job_id: str, reason: str) ->
     job = (await _known(node, [job_id])).get(job_id)
     if job is None:
         # Finished before the leader's window (Delta has it), or unknown (404).
-        archived = (await _archived(node.leader(), [job_id])).get(job_id)
+        archived = (await _archived(node.leader(), [job_id], strict=True)).get(job_id)
         status = _visible(archived, principal, job_id)["status"]
         raise ApiError(
             409,

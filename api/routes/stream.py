@@ -19,17 +19,23 @@ not lose the worker.
 
 A worker then sends `credit {credits}` (additive), `withdraw` (credit to 0: no more
 assignments), `ack {id, attempt, lease, result}`, `fail {id, attempt, lease, error,
-retryable, retry_after_s}`, `heartbeat {id, attempt, lease}`, `ping` (answered `pong`) and
+retryable, retry_after_s}`, `heartbeat {id, attempt, lease, progress?}` (`progress {done,
+total?, message?}`: the job keeps at most one report a second), `ping` (answered `pong`) and
 `acks {acks: [{id, attempt, lease, result}, ...]}` (many at once, answered by one
 `settled_many {results: [{id, status} | {id, error, detail}]}`); it receives `assign {id,
-exec, payload, attempt, deadline, lease}` and `settled {id, status}`. A worker whose hello
+exec, payload, attempt, deadline, lease}`, `settled {id, status}` and `cancel {id, attempt,
+reason}`: stop that attempt (`cancel_requested`: a client cancelled the job, fail the attempt
+once stopped to confirm; `time_limit`: it reached its `max_run_s`; `ended`: it is no longer
+this worker's). A cancel is sent when decided, and again right after the `welcome` for an
+attempt the hello's `held` names. A worker whose hello
 said `batch: true` receives `assign_many {assignments: [assign without its type, ...]}`
 instead: whatever was committed for it at once, in one message (one frame, one write: per
 message, the node spent more time in the WebSocket send path than the leader spent
 deciding). A worker stays known while its socket is open (the node heartbeats for it) and is
 lost at once when the socket closes: its jobs are requeued.
 
-A client receives `result {...job}` for each of its jobs that ends. Errors come as
+A client receives `result {...job}` for each of its jobs that ends, and `progress {id,
+progress}` for each progress report one of its running jobs keeps. Errors come as
 `error {error, detail}`.
 
 A session belongs to the leadership term it was opened under. When that term ends (the node
@@ -71,6 +77,7 @@ from dispatch.api.worker_sync import Held
 from dispatch.auth import KeyRing, Principal, Role
 from dispatch.core.bounds import MAX_JSON_DEPTH, check_json_value
 from dispatch.core.errors import Rejected
+from dispatch.core.progress import check_progress
 from dispatch.core.retry import check_retry_after
 
 log = logging.getLogger(__name__)
@@ -470,7 +477,13 @@ async def _worker_message(
             job_id, attempt, lease, str(error), retryable, worker_id, owner, retry_after_s
         )
     else:
-        command = ExtendAttempt(job_id, attempt, lease, worker_id, owner)
+        progress = message.get("progress")
+        if progress is not None:
+            try:
+                progress = check_progress(progress, "heartbeat.progress")
+            except ValueError as problem:
+                raise _Protocol(str(problem)) from None
+        command = ExtendAttempt(job_id, attempt, lease, worker_id, owner, progress)
     view = await term.call(command)
     status = None if view is None else view["status"]
     await socket.send_text(

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from dispatch.api.deps import AdminDep, NodeDep
-from dispatch.api.loop_commands import ReadClientLoads
+from dispatch.api.loop_commands import ListPauses, ReadClientLoads
 from dispatch.core.queries import ClientLoad, ClientLoads
 from dispatch.delta.tenants import (
     TenantReport,
@@ -59,6 +59,7 @@ class ExecTenant(TenantFigures):
 
 class Tenant(TenantFigures):
     client_id: str
+    paused: bool = Field(False, description="A pause holds the client: nothing new starts")
     wait_target_s: float = Field(description="The client's queue-wait target (settings)")
     execs: list[ExecTenant] = Field(description="Per exec, by name")
 
@@ -81,15 +82,17 @@ def tenant_list(
     reports: dict[str, TenantReport],
     loads: ClientLoads,
     tenants: TenantSettings,
+    paused: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """The window's reports joined with the live loads; a client with jobs now but none in
-    the statistics (a new one, or one whose jobs never started) is listed with zero counts."""
+    the statistics (a new one, or one whose jobs never started), or paused, is listed with
+    zero counts."""
     live_execs: dict[str, dict[str, ClientLoad]] = {}
     for (client_id, exec_name), load in loads.by_client_exec.items():
         live_execs.setdefault(client_id, {})[exec_name] = load
     live_totals = loads.per_client()
     out: list[dict[str, Any]] = []
-    for client_id in sorted(reports.keys() | live_execs.keys()):
+    for client_id in sorted(reports.keys() | live_execs.keys() | paused):
         report = reports.get(client_id)
         if report is None:
             report = TenantReport(client_id, tenants.wait_target_for(client_id)).finish()
@@ -107,6 +110,7 @@ def tenant_list(
         out.append(
             {
                 "client_id": client_id,
+                "paused": client_id in paused,
                 "wait_target_s": report.target_s,
                 **_figures(report.total, total_load),
                 "execs": execs,
@@ -131,6 +135,9 @@ async def tenants(
     group = settings.dispatcher.group
     # The leader's clock, read with its live counts, ends the window.
     loads, until = await node.call(ReadClientLoads())
+    paused = frozenset(
+        pause["target"] for pause in await node.call(ListPauses()) if pause["scope"] == "client"
+    )
     since = window_start(until, minutes)
     rows = await asyncio.to_thread(read_window, Warehouse.of(settings), group, since, until)
     reports = tenant_reports(rows, settings.tenants.wait_target_for)
@@ -139,5 +146,5 @@ async def tenants(
         "minutes": minutes,
         "since": since,
         "until": until,
-        "tenants": tenant_list(reports, loads, settings.tenants),
+        "tenants": tenant_list(reports, loads, settings.tenants, paused),
     }

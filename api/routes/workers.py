@@ -35,10 +35,10 @@ from dispatch.api.loop_commands import (
 from dispatch.api.schemas import (
     Ack,
     AckBatch,
+    Beat,
     Fail,
     HeartbeatAnswer,
     Poll,
-    Settle,
     Settled,
     SettledBatch,
 )
@@ -129,12 +129,13 @@ async def fail(job_id: str, body: Fail, node: NodeDep, principal: WorkerDep) -> 
 
 @router.post("/jobs/{job_id}/heartbeat", response_model=HeartbeatAnswer)
 async def heartbeat(
-    job_id: str, body: Settle, node: NodeDep, principal: WorkerDep
+    job_id: str, body: Beat, node: NodeDep, principal: WorkerDep
 ) -> HeartbeatAnswer:
     """Still working: the deadline moves to now + the attempt's timeout (never past its
     `max_run_s`). `cancel` set: the job was cancelled; stop, and fail the attempt to confirm."""
     owner = owner_of(principal)
-    command = ExtendAttempt(job_id, body.attempt, body.lease, body.worker_id, owner)
+    progress = None if body.progress is None else body.progress.model_dump()
+    command = ExtendAttempt(job_id, body.attempt, body.lease, body.worker_id, owner, progress)
     job = _settled(job_id, await node.call(command))
     cancel = CANCEL_REQUESTED if job["cancel_requested_at"] is not None else None
     return HeartbeatAnswer(id=job_id, deadline=job["deadline"], cancel=cancel)

@@ -171,6 +171,15 @@ function served(exec, workers) {
 }
 
 const UNSERVED = "no worker serves this exec now: its jobs wait until one does";
+const PAUSED = "paused: nothing new starts until it is resumed (running jobs go on)";
+
+function pausedBadge() {
+  const badge = document.createElement("span");
+  badge.className = "paused-badge";
+  badge.textContent = "paused";
+  badge.title = PAUSED;
+  return badge;
+}
 
 function showQueues(queues, workers) {
   $("queues-count").textContent = `(${queues.length})`;
@@ -180,13 +189,16 @@ function showQueues(queues, workers) {
       render(cell, queue) {
         // A queue nobody serves only grows: marked, so it is not mistaken for a slow one.
         const unserved = served(queue.exec, workers) === false;
+        const paused = queue.paused === true;
         cell.closest("tr").classList.toggle("unserved", unserved);
-        if (cell.dataset.exec !== queue.exec || cell.dataset.unserved !== String(unserved)) {
-          cell.dataset.exec = queue.exec;
-          cell.dataset.unserved = String(unserved);
+        cell.closest("tr").classList.toggle("paused", paused);
+        const shown = `${queue.exec}|${unserved}|${paused}`;
+        if (cell.dataset.shown !== shown) {
+          cell.dataset.shown = shown;
           const name = document.createElement("span");
           name.textContent = queue.exec;
           cell.replaceChildren(name);
+          if (paused) cell.append(" ", pausedBadge());
           if (unserved) {
             const badge = document.createElement("span");
             badge.className = "unserved-badge";
@@ -195,7 +207,7 @@ function showQueues(queues, workers) {
             cell.append(" ", badge);
           }
         }
-        cell.title = unserved ? UNSERVED : "";
+        cell.title = paused ? PAUSED : unserved ? UNSERVED : "";
       },
     },
     { className: "num", text: (queue) => String(queue.ready) },
@@ -273,6 +285,14 @@ async function redrive(button, jobId) {
 }
 
 const CANCELLABLE = new Set(["queued", "retrying", "running"]);
+
+// `{done, total, message, at}` as "30 / 120 (25 %) resizing, 2 s ago".
+function progressText(progress) {
+  const share = progress.total ? ` (${Math.floor((100 * progress.done) / progress.total)} %)` : "";
+  const count = progress.total == null ? `${progress.done}` : `${progress.done} / ${progress.total}`;
+  const message = progress.message ? ` ${progress.message}` : "";
+  return `${count}${share}${message}, ${ago(progress.at)}`;
+}
 
 function cancelButton(jobId) {
   const button = document.createElement("button");
@@ -379,8 +399,18 @@ function showTenants(listing) {
   syncRows($("tenants"), ordered, (tenant) => tenant.client_id, [
     {
       className: "id",
-      text: (tenant) => tenant.client_id,
-      title: (tenant) => tenant.execs.map((row) => `${row.exec}: ${row.breaches} breaches of ${row.queue_wait_n}`).join("\n"),
+      render(cell, tenant) {
+        // A paused client starts nothing new: marked, so its growing queue is not a mystery.
+        const key = `${tenant.client_id}|${tenant.paused}`;
+        if (cell.dataset.key !== key) {
+          cell.dataset.key = key;
+          const name = document.createElement("span");
+          name.textContent = tenant.client_id;
+          cell.replaceChildren(name);
+          if (tenant.paused) cell.append(" ", pausedBadge());
+        }
+        cell.title = tenant.execs.map((row) => `${row.exec}: ${row.breaches} breaches of ${row.queue_wait_n}`).join("\n");
+      },
     },
     { className: "num", text: (tenant) => String(tenant.queued) },
     { className: "num", text: (tenant) => String(tenant.running) },
@@ -493,6 +523,7 @@ async function showLookup() {
         ? []
         : [["time limit", job.run_limit_at == null ? `${job.max_run_s} s an attempt` : `${job.max_run_s} s, stops ${until(job.run_limit_at)}`]]),
       ...(job.cancel_requested_at == null ? [] : [["cancel asked", ago(job.cancel_requested_at)]]),
+      ...(job.progress == null ? [] : [["progress", progressText(job.progress)]]),
       ["submitted", ago(job.submitted_at)],
       ["updated", ago(job.updated_at)],
       ["error", job.error ?? "–"],

@@ -245,6 +245,7 @@ def _expected_view(record: JobRecord) -> dict[str, Any]:
         "max_run_s": record.max_run_s,
         "run_limit_at": record.run_limit_at,
         "cancel_requested_at": record.cancel_requested_at,
+        "progress": record.progress,
     }
 
 
@@ -457,6 +458,16 @@ _IDS = st.text(alphabet="abcdefghij-_.0123456789", min_size=1, max_size=12)
 _TIMES = st.floats(min_value=0, max_value=4e9, allow_nan=False)
 
 
+_PROGRESS = st.fixed_dictionaries(
+    {
+        "done": st.floats(min_value=0, max_value=1e6),
+        "total": st.none() | st.floats(min_value=0, max_value=1e6),
+        "message": st.none() | st.text(max_size=20),
+        "at": _TIMES,
+    }
+)
+
+
 @st.composite
 def _records(draw: st.DrawFn, status: JobStatus | None = None) -> JobRecord:
     status = draw(st.sampled_from(JobStatus)) if status is None else status
@@ -489,6 +500,7 @@ def _records(draw: st.DrawFn, status: JobStatus | None = None) -> JobRecord:
         max_run_s=draw(st.none() | st.floats(min_value=0.001, max_value=1e6)),
         run_limit_at=draw(st.none() | _TIMES) if running else None,
         cancel_requested_at=draw(st.none() | _TIMES) if running else None,
+        progress=draw(st.none() | _PROGRESS),
     )
     check_record(record)
     return record

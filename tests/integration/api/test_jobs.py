@@ -312,3 +312,41 @@ def test_poison_records_are_rejected_and_the_leader_keeps_working(
     assert reasons[b"a/b"].startswith("id: expected 1 to 128 of A-Z a-z 0-9")
     broker_api_node.wait_known("after")  # the good record after the poison
     assert broker_api_node.node.terms == 1, "a poison record ended the leader's term"
+
+
+class _HangingArchive:
+    """A Delta that does not answer (object storage hung)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def find_jobs(self, group: str, ids: object) -> dict[str, object]:
+        self.release.wait(30)
+        return {}
+
+    def finished_since(self, group: str, since: float) -> object:
+        return iter(())
+
+
+def test_a_read_the_history_cannot_answer_in_time_is_a_503_not_a_404(
+    api_node: RunningNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dispatch.api.routes import jobs as job_routes
+
+    monkeypatch.setattr(job_routes, "ARCHIVE_LOOKUP_S", 0.3)
+    archive = _HangingArchive()
+    leader = api_node.node.leader()
+    monkeypatch.setattr(leader, "archive", archive)
+    try:
+        with api_node.client("client") as client:
+            started = time.monotonic()
+            answer = client.get("/v1/jobs/forgotten-long-ago")
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"] == "unavailable"
+            assert time.monotonic() - started < 5
+            assert client.delete("/v1/jobs/forgotten-long-ago").status_code == 503
+            # A submission does not wait on it: best effort, the job is accepted.
+            accepted = client.post("/v1/jobs", json={"id": "fresh", "exec": "a.b"})
+            assert accepted.status_code == 202, accepted.text
+    finally:
+        archive.release.set()

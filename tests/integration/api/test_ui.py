@@ -267,6 +267,41 @@ def test_the_look_up_shows_a_time_limit_and_cancels_a_running_job(
     dashboard.check_clean()
 
 
+def test_a_paused_queue_is_marked_and_the_look_up_shows_progress(
+    dashboard: Dashboard, api_node: RunningNode
+) -> None:
+    page = dashboard.page
+    dashboard.open()
+    with api_node.client("admin") as admin, api_node.client("worker") as worker:
+        admin.put("/v1/pauses/exec/ui.held", json={"reason": "maintenance"}).raise_for_status()
+        admin.post("/v1/jobs", json={"id": "ui-held", "exec": "ui.held"}).raise_for_status()
+        held = page.locator("#queues tr[data-key='ui.held']")
+        expect(held).to_have_class(re.compile(r"\bpaused\b"))
+        expect(held.locator(".paused-badge")).to_have_text("paused")
+
+        body = {"id": "ui-progress", "exec": "ui.work", "timeout_s": 600}
+        admin.post("/v1/jobs", json=body).raise_for_status()
+        assignment = _take(worker, "ui-worker", "ui-progress")
+        beat = worker.post(
+            "/v1/jobs/ui-progress/heartbeat",
+            json={
+                "attempt": assignment["attempt"],
+                "lease": assignment["lease"],
+                "progress": {"done": 30, "total": 120, "message": "resizing"},
+            },
+        )
+        assert beat.status_code == 200, beat.text
+        page.fill("#lookup-id", "ui-progress")
+        page.click("#lookup-go")
+        expect(page.locator("#lookup-result dd[data-field='progress']")).to_contain_text(
+            "30 / 120 (25 %) resizing"
+        )
+
+        admin.delete("/v1/pauses/exec/ui.held").raise_for_status()
+        expect(held.locator(".paused-badge")).to_have_count(0)
+    dashboard.check_clean()
+
+
 def test_a_queue_no_worker_serves_is_marked_until_one_joins(
     dashboard: Dashboard, api_node: RunningNode
 ) -> None:

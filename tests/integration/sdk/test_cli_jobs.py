@@ -335,3 +335,27 @@ def test_without_a_key_each_command_uses_the_development_key_of_its_role(
     assert listed.exit_code == 0 and _json(listed) == [], listed.output
     as_client = run("dlq", "list", "--api-key", api_node.keys["client"])
     assert as_client.exit_code == EXIT_ERROR and as_client.stderr.startswith("error: forbidden:")
+
+
+def test_pause_resume_purge_and_cancel_from_the_shell(api_node: RunningNode) -> None:
+    paused = _run(api_node, "pause", "--exec", "cli.*", "--reason", "deploy")
+    assert paused.exit_code == 0, paused.output
+    assert "cli.*" in paused.stdout and "deploy" in paused.stdout
+    for n in range(3):
+        queued = _run(api_node, "submit", "cli.work", "--id", f"c{n}", "--max-run", "60")
+        assert queued.exit_code == 0, queued.output
+    listed = _json(_run(api_node, "pause", "--json"))
+    assert isinstance(listed, list) and [p["target"] for p in listed] == ["cli.*"]
+
+    cancelled = _run(api_node, "cancel", "c0", "--reason", "not needed", "--json")
+    assert cancelled.exit_code == 0, cancelled.output
+    job = _json(cancelled)
+    assert isinstance(job, dict) and job["status"] == "cancelled" and job["max_run_s"] == 60
+    purged = _run(api_node, "purge", "--exec", "cli.>")
+    assert purged.exit_code == 0 and "purged 2 queued job(s)" in purged.stdout, purged.output
+
+    resumed = _run(api_node, "resume", "--exec", "cli.*")
+    assert resumed.exit_code == 0 and "nothing is paused" in resumed.stdout, resumed.output
+    with Client(api_node.url, api_key=api_node.keys["client"]) as client:
+        assert [client.get(f"c{n}").status for n in range(3)] == ["cancelled"] * 3
+        assert client.get("c0").error == "not needed"

@@ -85,7 +85,9 @@ def test_register_adds_the_commands_once_and_keeps_the_stack_status() -> None:
 
     register(app)
     register(app)  # again: nothing
-    assert sorted(_names(app)) == ["cancel", "status", "submit", "worker"]
+    assert sorted(_names(app)) == [
+        "cancel", "pause", "purge", "resume", "status", "submit", "worker",
+    ]  # fmt: skip
     assert [group.name for group in app.registered_groups] == ["dlq"]
     result = CliRunner().invoke(app, ["status"])
     assert result.exit_code == 0 and shown == ["stack"]
@@ -106,6 +108,11 @@ register(dispatch_app)
         (["submit", "x.y", "--url", "ftp://nowhere"], "--url: expected a node URL"),
         (["status", "--json"], "--url, --api-key and --json apply to `status ID` only"),
         (["worker", "--app", "dispatch.worker.examples"], "expected module:attribute"),
+        (["resume"], "give --exec PATTERN or --client ID"),
+        (["pause", "--exec", "a.*", "--client", "acme"], "give --exec PATTERN or --client ID"),
+        (["purge"], "give --exec PATTERN or --client ID"),
+        (["cancel"], "give an ID, or --exec and/or --client"),
+        (["cancel", "x", "--status", "done"], "--status: queued, running or any"),
         (["worker", "--app", "dispatch.worker.examples:nothing"], "has no attribute"),
         (["worker", "--app", "dispatch.worker.examples:app", "--subjects", "job.assign.x.*"],
          "not covered by a handler"),

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import random
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
@@ -590,11 +591,48 @@ class _Answer(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+class JobProgress(_Answer):
+    """A running job's progress, as its worker reported it (`Assignment.progress`) and the
+    leader kept it (`at`: when, the leader's clock): pushed on the results stream
+    (`AsyncClient.results(on_progress=...)`); `Job.progress` holds the same fields."""
+
+    id: str
+    done: float
+    total: float | None = None
+    message: str | None = None
+    at: float | None = None
+
+    @classmethod
+    def from_message(cls, message: Mapping[str, Any]) -> JobProgress:
+        """Read a stream's `{"type": "progress", "id", "progress": {...}}` message."""
+        report = message.get("progress")
+        return cls.model_validate({**(report if isinstance(report, dict) else {}),
+                                   "id": message.get("id")})  # fmt: skip
+
+
+ProgressCallback = Callable[[JobProgress], Awaitable[None] | None]
+"""Called with each progress report on a results stream: a function or a coroutine
+function (awaited before the stream reads on)."""
+
+
 class QueueStats(_Answer):
     exec: str
     ready: int
     delayed: int
     running: int
+    paused: bool = False
+    """An exec pause holds it: nothing new starts."""
+
+
+class Pause(_Answer):
+    """A pause in force: nothing new of `target` (an exec pattern, or a client id, per
+    `scope`) starts until it is resumed."""
+
+    scope: str
+    target: str
+    at: float
+    by: str | None = None
+    reason: str = ""
 
 
 class WorkerInfo(_Answer):
@@ -783,6 +821,22 @@ class _Calls:
         # Not idempotent: a repeat would count again (and cancel what matches by then).
         return _Call("POST", "/v1/jobs/cancel", lambda response: dict(response.json()),
                      body=body, idempotent=False)  # fmt: skip
+
+    @staticmethod
+    def pauses() -> _Call[list[Pause]]:
+        return _Call("GET", "/v1/pauses", _models(Pause, "pauses"))
+
+    @staticmethod
+    def pause(scope: str, target: str, reason: str | None) -> _Call[list[Pause]]:
+        # Idempotent: pausing what is paused keeps the first pause.
+        body = None if reason is None else {"reason": reason}
+        path = f"/v1/pauses/{_quote(scope)}/{_quote(target)}"
+        return _Call("PUT", path, _models(Pause, "pauses"), body=body)
+
+    @staticmethod
+    def resume(scope: str, target: str) -> _Call[list[Pause]]:
+        path = f"/v1/pauses/{_quote(scope)}/{_quote(target)}"
+        return _Call("DELETE", path, _models(Pause, "pauses"))
 
     @staticmethod
     def dlq(exec_name: str | None, limit: int) -> _Call[list[Job]]:
@@ -999,6 +1053,20 @@ class Client(_Base):
         body = _cancel_many_body(exec, client_id, status, limit, reason)
         return self._run(_Calls.cancel_many(body))
 
+    def pauses(self) -> list[Pause]:
+        """The pauses in force, oldest first (admin)."""
+        return self._run(_Calls.pauses())
+
+    def pause(self, scope: str, target: str, *, reason: str | None = None) -> list[Pause]:
+        """Pause an exec pattern (`scope="exec"`, `image.*`) or a client (`"client"`):
+        nothing new of theirs starts until `resume`; running jobs go on (admin). Answers the
+        pauses in force."""
+        return self._run(_Calls.pause(scope, target, reason))
+
+    def resume(self, scope: str, target: str) -> list[Pause]:
+        """End exactly that pause; what it held starts at once (admin)."""
+        return self._run(_Calls.resume(scope, target))
+
     def dlq(self, exec: str | None = None, limit: int = 100) -> list[Job]:
         """Dead-lettered jobs, oldest first (admin)."""
         return self._run(_Calls.dlq(exec, limit))
@@ -1145,6 +1213,16 @@ class AsyncClient(_Base):
         body = _cancel_many_body(exec, client_id, status, limit, reason)
         return await self._run(_Calls.cancel_many(body))
 
+    async def pauses(self) -> list[Pause]:
+        return await self._run(_Calls.pauses())
+
+    async def pause(self, scope: str, target: str, *, reason: str | None = None) -> list[Pause]:
+        """Pause an exec pattern or a client (admin; see `Client.pause`)."""
+        return await self._run(_Calls.pause(scope, target, reason))
+
+    async def resume(self, scope: str, target: str) -> list[Pause]:
+        return await self._run(_Calls.resume(scope, target))
+
     async def dlq(self, exec: str | None = None, limit: int = 100) -> list[Job]:
         return await self._run(_Calls.dlq(exec, limit))
 
@@ -1160,14 +1238,18 @@ class AsyncClient(_Base):
     async def leader(self) -> LeaderInfo:
         return await self._run(_Calls.leader())
 
-    def results(self) -> ResultStream:
+    def results(self, *, on_progress: ProgressCallback | None = None) -> ResultStream:
         """The results of this client's jobs, pushed as they end (`WS /v1/stream`).
 
         Use `async with client.results() as results:` (connected on entry, so no result
         of a job submitted inside the block is missed), then `async for job in results`.
         The stream reconnects after a lost connection, but results that end meanwhile are
-        not replayed: `get` or `wait` is the reliable way to learn one job's outcome."""
-        return ResultStream(self)
+        not replayed: `get` or `wait` is the reliable way to learn one job's outcome.
+
+        `on_progress` is called (awaited, if it returns an awaitable) with each progress
+        report of a running job (`JobProgress`) the stream brings while it is iterated;
+        without it, reports are skipped."""
+        return ResultStream(self, on_progress)
 
     # --- worker calls (REST transport of the worker SDK) --------------------------------------
 
@@ -1237,22 +1319,38 @@ class AsyncClient(_Base):
         return await self._settle("fail", job_id, body)
 
     async def heartbeat(
-        self, job_id: str, attempt: int, lease: str, worker_id: str | None = None
+        self,
+        job_id: str,
+        attempt: int,
+        lease: str,
+        worker_id: str | None = None,
+        *,
+        progress: Mapping[str, Any] | None = None,
     ) -> float:
-        """Still working: the new deadline (the server's clock, epoch seconds)."""
-        beat = await self.heartbeat_answer(job_id, attempt, lease, worker_id)
+        """Still working: the new deadline (the server's clock, epoch seconds). `progress`
+        (`{done, total?, message?}`) reports how far the attempt got; the leader keeps at
+        most one report a second per job (a sooner one is dropped, the heartbeat applies)."""
+        beat = await self.heartbeat_answer(job_id, attempt, lease, worker_id, progress=progress)
         return beat.deadline
 
     async def heartbeat_answer(
-        self, job_id: str, attempt: int, lease: str, worker_id: str | None = None
+        self,
+        job_id: str,
+        attempt: int,
+        lease: str,
+        worker_id: str | None = None,
+        *,
+        progress: Mapping[str, Any] | None = None,
     ) -> Heartbeat:
         """`heartbeat`, answering also whether the worker must stop the attempt (its job
         was cancelled: `cancel == "cancel_requested"`). A `Conflict` or `NotFound` says the
         attempt is no longer the worker's."""
+        body: dict[str, Any] = {"attempt": attempt, "lease": lease, "worker_id": worker_id}
+        if progress is not None:  # left out otherwise: an older server refuses the field
+            body["progress"] = dict(progress)
         call: _Call[Heartbeat] = _Call(
-            "POST", f"/v1/jobs/{_quote(job_id)}/heartbeat", _heartbeat,
-            body={"attempt": attempt, "lease": lease, "worker_id": worker_id},
-        )  # fmt: skip
+            "POST", f"/v1/jobs/{_quote(job_id)}/heartbeat", _heartbeat, body=body
+        )
         return await self._run(call)
 
     async def _settle(self, kind: str, job_id: str, body: dict[str, Any]) -> str | None:
@@ -1367,8 +1465,9 @@ def _leader_in(body: bytes | bytearray | None) -> str | None:
 class ResultStream:
     """Results of the client's jobs, pushed over `WS /v1/stream` (see `AsyncClient.results`)."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: AsyncClient, on_progress: ProgressCallback | None = None) -> None:
         self._client = client
+        self._on_progress = on_progress
         self._socket: ClientConnection | None = None
         self._closed = False
 
@@ -1405,9 +1504,23 @@ class ResultStream:
                 continue
             if isinstance(message, dict) and message.get("type") == "result":
                 return Job.model_validate(message)
+            if isinstance(message, dict) and message.get("type") == "progress":
+                await self._progress(message)
+                continue
             if isinstance(message, dict) and message.get("type") == "error":
                 raise error_from_body(None, message)
         raise StopAsyncIteration
+
+    async def _progress(self, message: dict[str, Any]) -> None:
+        if self._on_progress is None:
+            return
+        try:
+            report = JobProgress.from_message(message)
+        except ValidationError:
+            return  # not a report this SDK can read: skipped, as any unknown message
+        called = self._on_progress(report)
+        if inspect.isawaitable(called):
+            await called
 
     async def aclose(self) -> None:
         self._closed = True

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import PrivateAttr
 
 from dispatch import wire
+from dispatch.core.progress import check_progress
 
 
 class Retry(Exception):
@@ -69,6 +70,63 @@ class _StopSignal:
         return _StopSignal()  # a copy is a new value: not told to stop (and Events do not copy)
 
 
+class _Progress:
+    """The latest progress report of an attempt: written by its handler (any thread), read
+    by the worker's loop, which is woken (`listen`) when a report waits to be sent. Not part
+    of an assignment's value, as `_StopSignal`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[str, Any] | None = None
+        self._waiting = False
+        self._notify: Callable[[], None] | None = None
+
+    def put(self, report: dict[str, Any]) -> None:
+        with self._lock:
+            self._latest = report
+            wake = not self._waiting
+            self._waiting = True
+            notify = self._notify
+        if wake and notify is not None:  # one wake-up per waiting report, however many come
+            notify()
+
+    def take(self, *, again: bool = False) -> dict[str, Any] | None:
+        """The report waiting to be sent (None: none), no longer waiting; with `again`,
+        the latest even when it was sent already."""
+        with self._lock:
+            if not (self._waiting or again):
+                return None
+            self._waiting = False
+            return self._latest
+
+    @property
+    def waiting(self) -> bool:
+        with self._lock:
+            return self._waiting
+
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        with self._lock:
+            return self._latest
+
+    def listen(self, notify: Callable[[], None] | None) -> None:
+        """Call `notify` (from the reporting thread) when a report starts waiting; at once
+        when one waits already."""
+        with self._lock:
+            self._notify = notify
+            waiting = self._waiting
+        if waiting and notify is not None:
+            notify()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Progress)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Progress:
+        return _Progress()
+
+
 class Assignment(wire.Assignment):
     """One attempt at a job, as a handler receives it: the wire assignment (`id, exec,
     payload, attempt, deadline, lease`) and the id of the worker running it. `deadline` is
@@ -78,11 +136,30 @@ class Assignment(wire.Assignment):
     cancelled, the attempt reached the job's `max_run_s`, or the leader took it back);
     `cancel_reason` says which (`cancel_requested`, `time_limit`, `ended`). A sync handler
     checks it (or `raise_if_cancelled()`, `wait_cancelled(timeout)`); an async handler's
-    task is cancelled as well (`asyncio.CancelledError` at its current `await`)."""
+    task is cancelled as well (`asyncio.CancelledError` at its current `await`).
+
+    `progress(done, total, message)` reports how far the handler got: the worker sends the
+    latest report with a heartbeat, at most about one a second (see `progress`)."""
 
     worker_id: str
 
     _stop: _StopSignal = PrivateAttr(default_factory=_StopSignal)
+    _progress: _Progress = PrivateAttr(default_factory=_Progress)
+
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Report progress: `done` (a number >= 0) of `total` (a number >= 0, or None when
+        unknown), with an optional `message` (at most 200 characters); a `ValueError` names
+        a bad one. Cheap and safe from any thread: it only keeps the report. The worker
+        sends the latest one with the attempt's next heartbeat, and sends a heartbeat early
+        for it when at least a second passed since it last sent one (reports in between are
+        replaced by later ones). Clients see it as the job's `progress`."""
+        report = check_progress({"done": done, "total": total, "message": message})
+        self._progress.put(report)
+
+    @property
+    def last_progress(self) -> dict[str, Any] | None:
+        """The latest report (`{done, total, message}`), None before the first."""
+        return self._progress.latest
 
     @property
     def cancelled(self) -> bool:

@@ -17,11 +17,13 @@ app.run()                          # until SIGTERM / Ctrl-C
 
 What the SDK does for you: credit (one per free slot, granted again as each job ends: an ack
 does not return credit, docs/spec.md §5), heartbeats while a handler runs (a third of the time
-left before the deadline, so a slow job is not taken away), settling each attempt (the return
-value acks it; `Retry` or any other exception fails it as retryable; `PermanentError` fails
-it for good), reconnecting with backoff when the node goes away, and a graceful stop: on
-SIGTERM it takes no more jobs, lets running ones finish for `grace_s`, and releases the rest
-(a retryable failure, so they are requeued at once rather than at their deadline).
+left before the deadline, so a slow job is not taken away; early for a progress report,
+`job.progress(done, total, message)`, at most about one a second), settling each attempt
+(the return value acks it; `Retry` or any other exception fails it as retryable;
+`PermanentError` fails it for good), reconnecting with backoff when the node goes away, and
+a graceful stop: on SIGTERM it takes no more jobs, lets running ones finish for `grace_s`,
+and releases the rest (a retryable failure, so they are requeued at once rather than at
+their deadline).
 
 Stopping one attempt (its job was cancelled, it reached the job's `max_run_s`, or the leader
 took it back): the handler's `job.cancelled` turns true (a sync handler checks it), an async
@@ -77,6 +79,9 @@ TRANSPORTS: tuple[TransportName, ...] = ("ws", "rest")
 MIN_HEARTBEAT_PAUSE_S = 0.05
 MIN_WINDOW_S = 0.3
 """Shortest deadline window assumed for a job (guards against clock skew with the leader)."""
+PROGRESS_EVERY_S = 1.05
+"""Least time between two progress reports sent for one attempt: a little over the leader's
+`dispatch.core.progress.PROGRESS_EVERY_S` (1 s), which drops a report that comes sooner."""
 SETTLE_AT_EXIT_S = 10.0
 """How long a stopping worker waits for its last settlements to be sent."""
 NOT_OURS = frozenset({"stale_lease", "already_settled", "not_found"})
@@ -179,7 +184,8 @@ class WorkerApp:
     ) -> Callable[[Callable[[Assignment], R]], Task[R]]:
         """Register the decorated function for jobs whose exec matches `pattern` (`image.*`
         is the subject `job.assign.image.*`). `heartbeat=False` lets the deadline stand, so
-        the job is taken away when it runs longer than its timeout. Returns the function's
+        the job is taken away when it runs longer than its timeout (its progress reports,
+        if it makes any, are then its only heartbeats: see `_Pacer`). Returns the function's
         `Task` handle: still callable as the function, and `submit(payload)` sends a job of
         its exec (`dispatch.worker.tasks`)."""
 
@@ -344,6 +350,66 @@ class _RunningJob:
             self.handler.cancel()
 
 
+class _Pacer:
+    """Which progress report of an attempt rides its next heartbeat, and when a report
+    waiting to be sent makes a heartbeat due: at most one report each `PROGRESS_EVERY_S`,
+    the first at once, and the last one sent once more with a later heartbeat (the leader
+    drops a report that comes too soon after the last one it kept). Runs on the worker's
+    loop; the handler reports from its thread (`Assignment.progress`) and wakes it."""
+
+    def __init__(self, assignment: Assignment) -> None:
+        self.reports = assignment._progress
+        self.sent_at: float | None = None
+        """When a report was last sent (monotonic)."""
+        self.repeat = False
+        self.wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def notify() -> None:  # from the handler's thread, or the loop's
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody to tell
+                loop.call_soon_threadsafe(self.wake.set)
+
+        self.reports.listen(notify)
+
+    def ready_at(self) -> float:
+        """When the next report may be sent (monotonic)."""
+        return time.monotonic() if self.sent_at is None else self.sent_at + PROGRESS_EVERY_S
+
+    async def wait_until(self, beat_at: float | None) -> bool:
+        """Wait for the next heartbeat: at `beat_at` (monotonic; None: none due), or sooner
+        when a waiting report may be sent. False when a new report cut the wait short."""
+        self.wake.clear()
+        due = beat_at
+        if self.reports.waiting:
+            due = self.ready_at() if due is None else min(due, self.ready_at())
+        pause = None if due is None else due - time.monotonic()
+        if pause is not None and pause <= 0:
+            return True
+        try:
+            await asyncio.wait_for(self.wake.wait(), pause)
+        except TimeoutError:
+            return True
+        return False
+
+    def take(self) -> dict[str, Any] | None:
+        """The report for the heartbeat sent now (None: none, or too soon for one)."""
+        if self.sent_at is not None and time.monotonic() < self.sent_at + PROGRESS_EVERY_S:
+            return None
+        new = self.reports.waiting
+        report = self.reports.take(again=self.repeat)
+        if report is not None:
+            self.sent_at, self.repeat = time.monotonic(), new
+        return report
+
+    def lost(self, report: dict[str, Any] | None) -> None:
+        """The heartbeat that carried `report` failed: send it again with the next one."""
+        if report is not None:
+            self.repeat = True
+
+    def close(self) -> None:
+        self.reports.listen(None)
+
+
 class _Runtime:
     """One run of a worker app: its slots, running jobs, transport and stop sequence."""
 
@@ -469,8 +535,8 @@ class _Runtime:
 
     async def _run_handler(self, job: _RunningJob) -> Outcome:
         assignment = job.assignment
-        if job.spec.heartbeat:
-            job.heartbeats = asyncio.create_task(self._heartbeats(assignment))
+        # Always: a handler without regular heartbeats still sends its progress reports.
+        job.heartbeats = asyncio.create_task(self._heartbeats(job))
         handler = job.handler = self._start_handler(job)
         try:
             await asyncio.wait({handler})
@@ -499,26 +565,44 @@ class _Runtime:
             log.error("worker %s: could not settle job %s: %s",
                       self.worker_id, assignment.id, error)  # fmt: skip
 
-    async def _heartbeats(self, assignment: Assignment) -> None:
+    async def _heartbeats(self, job: _RunningJob) -> None:
+        """Heartbeats of a running attempt: after a third of the time left before its
+        deadline (a handler registered with `heartbeat=True`), and early for a progress
+        report waiting to be sent (`_Pacer`). A handler registered with `heartbeat=False`
+        sends only the latter."""
+        assignment = job.assignment
+        regular = job.spec.heartbeat
         # The window is the attempt's timeout as seen here; after a heartbeat the leader
         # moves the deadline to (about) now + that window.
         window = max(assignment.deadline - time.time(), MIN_WINDOW_S)
         deadline = assignment.deadline
-        while True:
-            await asyncio.sleep(heartbeat_pause(deadline, time.time()))
-            sent_at = time.time()
-            try:
-                extended = await self.transport.heartbeat(assignment)
-            except (Conflict, NotFound) as refused:
-                log.warning("worker %s: job %s is no longer ours: %s",
-                            self.worker_id, assignment.id, refused)  # fmt: skip
-                self.stop_attempt(assignment.id, assignment.attempt, ENDED)
-                return
-            except DispatchError as error:
-                log.warning("worker %s: heartbeat of job %s failed: %s",
-                            self.worker_id, assignment.id, error)  # fmt: skip
-                extended = None
-            deadline = extended if extended is not None else sent_at + window
+        pacer = _Pacer(assignment)
+        beat_at = time.monotonic() + heartbeat_pause(deadline, time.time()) if regular else None
+        try:
+            while True:
+                if not await pacer.wait_until(beat_at):
+                    continue  # a report came: when is the next heartbeat now?
+                report = pacer.take()
+                if report is None and not regular:
+                    continue  # only a report makes a heartbeat of such a handler
+                sent_at = time.time()
+                try:
+                    extended = await self.transport.heartbeat(assignment, report)
+                except (Conflict, NotFound) as refused:
+                    log.warning("worker %s: job %s is no longer ours: %s",
+                                self.worker_id, assignment.id, refused)  # fmt: skip
+                    self.stop_attempt(assignment.id, assignment.attempt, ENDED)
+                    return
+                except DispatchError as error:
+                    log.warning("worker %s: heartbeat of job %s failed: %s",
+                                self.worker_id, assignment.id, error)  # fmt: skip
+                    extended = None
+                    pacer.lost(report)
+                deadline = extended if extended is not None else sent_at + window
+                if regular:
+                    beat_at = time.monotonic() + heartbeat_pause(deadline, time.time())
+        finally:
+            pacer.close()
 
     # --- the run --------------------------------------------------------------------------------
 

@@ -109,8 +109,11 @@ class Transport(Protocol):
 
     async def settle(self, held: Assignment, outcome: Outcome) -> None: ...
 
-    async def heartbeat(self, held: Assignment) -> float | None:
-        """Extend the job's deadline; the new deadline when the leader says it."""
+    async def heartbeat(
+        self, held: Assignment, progress: Mapping[str, Any] | None = None
+    ) -> float | None:
+        """Extend the job's deadline, with a progress report (`{done, total, message}`) when
+        given; the new deadline when the leader says it."""
         ...
 
     async def slot_freed(self) -> None:
@@ -440,10 +443,15 @@ class WebSocketTransport:
         self._drained.clear()
         await self._send(message)
 
-    async def heartbeat(self, held: Assignment) -> float | None:
-        await self._send(
-            {"type": "heartbeat", "id": held.id, "attempt": held.attempt, "lease": held.lease}
-        )
+    async def heartbeat(
+        self, held: Assignment, progress: Mapping[str, Any] | None = None
+    ) -> float | None:
+        message: dict[str, Any] = {
+            "type": "heartbeat", "id": held.id, "attempt": held.attempt, "lease": held.lease,
+        }  # fmt: skip
+        if progress is not None:
+            message["progress"] = dict(progress)
+        await self._send(message)
         return None
 
     async def slot_freed(self) -> None:
@@ -558,10 +566,12 @@ class RestTransport:
             return
         self.alive.heard()
 
-    async def heartbeat(self, held: Assignment) -> float | None:
+    async def heartbeat(
+        self, held: Assignment, progress: Mapping[str, Any] | None = None
+    ) -> float | None:
         # A refusal (Conflict, NotFound) reaches the runtime, which stops the attempt.
         beat = await self.client.heartbeat_answer(
-            held.id, held.attempt, held.lease, self.runtime.worker_id
+            held.id, held.attempt, held.lease, self.runtime.worker_id, progress=progress
         )
         self.alive.heard()
         if beat.cancel is not None:

@@ -7,6 +7,7 @@ The test node runs with a 1 s first ack timeout and forgets a silent worker afte
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from typing import Any
@@ -15,7 +16,7 @@ import httpx
 import pytest
 
 from dispatch.api.memory_log import MemoryLog
-from dispatch.client import Client
+from dispatch.client import AsyncClient, Client
 from dispatch.settings import Settings
 from dispatch.stack.ports import free_port
 from dispatch.worker import Assignment, PermanentError, Retry, WorkerApp, WorkerError
@@ -421,3 +422,124 @@ def test_cancel_many_cancels_queued_and_running_jobs(api_node: RunningNode) -> N
         assert answer == {"cancelled": 2, "cancelling": 1}
         for n in range(3):
             assert admin.wait(f"many{n}", timeout_s=20).status == "cancelled"
+
+
+# --- progress ---------------------------------------------------------------------------------
+
+
+def _progress_app(finish: threading.Event) -> WorkerApp:
+    app = WorkerApp("progress", concurrency=3)
+
+    @app.handler("sdk.count")
+    def count(job: Assignment) -> int:  # sync: reports from its thread
+        n = 0
+        while not finish.is_set() and not job.cancelled:
+            n += 1
+            job.progress(n, message=f"step {n}")
+            time.sleep(0.05)
+        return n
+
+    @app.handler("sdk.count_async")
+    async def count_async(job: Assignment) -> int:  # async: reports from the loop
+        n = 0
+        while not finish.is_set():
+            n += 1
+            job.progress(n, 10_000)
+            await asyncio.sleep(0.05)
+        return n
+
+    @app.handler("sdk.count_quiet", heartbeat=False)
+    def count_quiet(job: Assignment) -> int:  # only its reports keep it past its timeout
+        n = 0
+        while not finish.is_set() and not job.cancelled:
+            n += 1
+            job.progress(n, 10_000)
+            time.sleep(0.05)
+        return n
+
+    return app
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_handlers_report_progress_that_clients_read_while_the_job_runs(
+    api_node: RunningNode, transport: str
+) -> None:
+    finish = threading.Event()
+    app = _progress_app(finish)
+    ids = {"sdk.count": f"count-{transport}", "sdk.count_async": f"async-{transport}",
+           "sdk.count_quiet": f"quiet-{transport}"}  # fmt: skip
+    seen: dict[str, list[float]] = {job_id: [] for job_id in ids.values()}
+    try:
+        with (
+            Client(api_node.url, api_node.keys["client"]) as client,
+            running_worker(app, api_node, transport=transport),
+        ):
+            for exec_name, job_id in ids.items():
+                # Reports go at most about one a second: they keep a job whose ack timeout
+                # is longer than that.
+                timeout_s = 3.0 if exec_name == "sdk.count_quiet" else None
+                client.submit(exec_name, id=job_id, max_attempts=1, timeout_s=timeout_s)
+
+            def three_reports_each() -> bool:
+                for job_id, done in seen.items():
+                    job = client.get(job_id)
+                    # Each job runs past its ack timeout on its heartbeats (the quiet one
+                    # on its reports alone), showing its latest report.
+                    assert job.status == "running", job
+                    if job.progress is not None and (not done or job.progress["done"] > done[-1]):
+                        done.append(job.progress["done"])
+                return all(len(done) >= 3 for done in seen.values())
+
+            wait_until(three_reports_each, timeout_s=30, what="three reports of each job")
+            sync_job = client.get(ids["sdk.count"])
+            assert sync_job.progress is not None
+            assert sync_job.progress["total"] is None
+            assert sync_job.progress["message"] == f"step {int(sync_job.progress['done'])}"
+            assert isinstance(sync_job.progress["at"], float)
+            assert client.get(ids["sdk.count_async"]).progress["total"] == 10_000  # type: ignore[index]
+            finish.set()
+            for job_id in ids.values():
+                job = client.wait(job_id, timeout_s=30)
+                assert (job.status, job.attempts) == ("succeeded", 1), job
+                # Kept when the job ends: a report of this attempt, at most its result.
+                assert job.progress is not None and 1 <= job.progress["done"] <= job.result
+    finally:
+        finish.set()
+    for done in seen.values():
+        assert done == sorted(done)
+
+
+def test_the_results_stream_brings_progress_reports(api_node: RunningNode) -> None:
+    finish = threading.Event()
+    app = _progress_app(finish)
+    reports: list[Any] = []
+
+    async def watch() -> Any:
+        async with (
+            AsyncClient(api_node.url, api_node.keys["client"]) as client,
+            client.results(on_progress=reports.append) as results,
+        ):
+            await client.submit("sdk.count_async", id="streamed", max_attempts=1)
+            async for job in results:
+                if job.id == "streamed":
+                    return job
+        return None
+
+    def finish_after_reports() -> None:
+        wait_until(lambda: len(reports) >= 3, timeout_s=30, what="three pushed reports")
+        finish.set()
+
+    with running_worker(app, api_node):
+        stopper = threading.Thread(target=finish_after_reports)
+        stopper.start()
+        try:
+            job = asyncio.run(asyncio.wait_for(watch(), 60))
+        finally:
+            finish.set()
+            stopper.join(60)
+    assert job is not None and job.status == "succeeded"
+    assert all(report.id == "streamed" and report.total == 10_000 for report in reports)
+    done = [report.done for report in reports]
+    assert done == sorted(done) and len(set(done)) >= 3
+    ats = [report.at for report in reports]
+    assert all(b - a >= 0.99 for a, b in itertools.pairwise(ats)), "one a second"

@@ -22,11 +22,13 @@ from tests.unit.sdk.httpx_transport import AsyncHttpxTransport
 
 
 class FakeTransport:
-    """Records settlements and heartbeats; `beat` answers (or raises for) each heartbeat."""
+    """Records settlements and heartbeats (with their progress reports and when they were
+    sent); `beat` answers (or raises for) each heartbeat."""
 
     def __init__(self) -> None:
         self.settled: list[tuple[str, int, Outcome]] = []
         self.beats: list[str] = []
+        self.reports: list[tuple[float, Mapping[str, Any] | None]] = []
         self.freed = 0
         self.beat: Callable[[Assignment], float | None] = lambda held: None
         self.closed = asyncio.Event()
@@ -40,8 +42,11 @@ class FakeTransport:
     async def settle(self, held: Assignment, outcome: Outcome) -> None:
         self.settled.append((held.id, held.attempt, outcome))
 
-    async def heartbeat(self, held: Assignment) -> float | None:
+    async def heartbeat(
+        self, held: Assignment, progress: Mapping[str, Any] | None = None
+    ) -> float | None:
         self.beats.append(held.id)
+        self.reports.append((time.monotonic(), progress))
         return self.beat(held)
 
     async def slot_freed(self) -> None:
@@ -56,9 +61,11 @@ def _message(job_id: str = "j1", attempt: int = 1, deadline_in_s: float = 30.0) 
             "deadline": time.time() + deadline_in_s, "lease": "L"}  # fmt: skip
 
 
-def _runtime(handler: Callable[[Assignment], Any]) -> tuple[_Runtime, FakeTransport]:
+def _runtime(
+    handler: Callable[[Assignment], Any], *, heartbeat: bool = True
+) -> tuple[_Runtime, FakeTransport]:
     app = WorkerApp("unit", concurrency=2)
-    app.add_handler("t.*", handler)
+    app.add_handler("t.*", handler, heartbeat=heartbeat)
     client = AsyncClient("http://node:1", "k")
     runtime = _Runtime(app.handlers, app.options(worker_id="w1"), client)
     fake = FakeTransport()

@@ -42,7 +42,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -56,7 +55,7 @@ from typing import Any
 
 import httpx
 
-from dispatch.bench.signals import sigterm_unwinds
+from dispatch.bench.signals import sigterm_unwinds, terminate
 from dispatch.bench.stats import machine, steal_percent
 
 EXECS = {
@@ -238,15 +237,7 @@ class WorkerProcess:
 
     def stop(self) -> None:
         """SIGTERM to its pid, SIGKILL after 15 s."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        terminate(self.process, 15)
         self._reader.join(timeout=5)
         self._log.close()
 

@@ -42,7 +42,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -56,7 +55,7 @@ from typing import Any
 import httpx
 
 from dispatch.bench.acking_worker import run_acking_worker
-from dispatch.bench.signals import sigterm_unwinds
+from dispatch.bench.signals import sigterm_unwinds, terminate
 from dispatch.bench.stats import machine, steal_percent
 from dispatch.bench.submitters import read_answer
 from dispatch.settings import Settings, load_settings
@@ -341,15 +340,7 @@ class LoadProcess:
 
     def stop(self) -> None:
         """SIGTERM to its pid, SIGKILL after 10 s."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        terminate(self.process, 10)
         self._reader.join(timeout=5)
         self._log.close()
 

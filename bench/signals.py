@@ -5,8 +5,11 @@ running after it (seen with `dispatch.bench.streaming_bench`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import signal
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,3 +51,18 @@ def unwinds_on_sigterm(function: Callable[P, R]) -> Callable[P, R]:
             return function(*args, **kwargs)
 
     return unwinding
+
+
+def terminate(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    """Stop a child this benchmark started, by its pid: SIGTERM, then SIGKILL after
+    `grace_s`; reaped either way (nothing when it has already ended)."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGTERM)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+        process.wait()

@@ -253,18 +253,9 @@ class RedriveJob(LoopCommand[JobView]):
 
 
 @dataclass(frozen=True, slots=True)
-class StopOrders(LoopCommand[list[dict[str, Any]]]):
-    """Of the attempts a worker holds, those it must stop (wire `StopAttempt`s)."""
-
-    held: Sequence[Held]
-
-    def answer(self, core: Dispatcher, events: list[Event]) -> list[dict[str, Any]]:
-        return stop_orders_for(core, self.held)
-
-
-@dataclass(frozen=True, slots=True)
-class PresentWorker(LoopCommand[None]):
-    """A REST poll: (re)join if needed, say "I have room for `credits`", count as alive.
+class PresentWorker(LoopCommand[list[dict[str, Any]]]):
+    """A REST poll: (re)join if needed, say "I have room for `credits`", count as alive;
+    answers which of the attempts it holds (`held`) it must stop (wire `StopAttempt`s).
 
     Assignments already committed to this worker but not yet taken fill part of that room,
     so the grant is what is left of it. Another key's worker is refused before anything
@@ -275,6 +266,7 @@ class PresentWorker(LoopCommand[None]):
     subjects: list[str]
     credits: int
     owner: str | None = None
+    held: Sequence[Held] = ()
 
     def decide(self, core: Dispatcher, now: float) -> list[Event]:
         worker_id, owner = self.worker_id, self.owner
@@ -290,15 +282,15 @@ class PresentWorker(LoopCommand[None]):
         events += core.worker_heartbeat(worker_id, now)
         return events
 
-    def answer(self, core: Dispatcher, events: list[Event]) -> None:
-        return None
+    def answer(self, core: Dispatcher, events: list[Event]) -> list[dict[str, Any]]:
+        return stop_orders_for(core, self.held)
 
 
 @dataclass(frozen=True, slots=True)
-class RejoinWorker(LoopCommand[int]):
-    """A socket worker's hello (`dispatch.api.worker_sync.rejoin`: what the leader believes of the
-    worker becomes what it says); answers the leader's epoch, once the session's outbox was
-    restarted for the new session."""
+class RejoinWorker(LoopCommand[tuple[int, list[dict[str, Any]]]]):
+    """A worker's hello or first poll of a term (`dispatch.api.worker_sync.rejoin`: what the
+    leader believes of the worker becomes what it says); answers the leader's epoch, once the
+    session's outbox was restarted, and which of the attempts it holds it must stop."""
 
     hub: Hub
     worker_id: str
@@ -313,9 +305,9 @@ class RejoinWorker(LoopCommand[int]):
             held=self.held, credits=self.credits, owner=self.owner,
         )  # fmt: skip
 
-    def answer(self, core: Dispatcher, events: list[Event]) -> int:
+    def answer(self, core: Dispatcher, events: list[Event]) -> tuple[int, list[dict[str, Any]]]:
         self.hub.restart_outbox(self.worker_id)
-        return core.epoch
+        return core.epoch, stop_orders_for(core, list(self.held))
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,7 +69,6 @@ from dispatch.api.loop_commands import (
     LoopCommand,
     LoseWorker,
     RejoinWorker,
-    StopOrders,
     WorkerAlive,
 )
 from dispatch.api.node import Node
@@ -294,7 +293,9 @@ async def _serve_worker(
     # Claimed before the join commits: the older socket takes nothing meant for this one.
     previous = hub.claim_worker(session)
     try:
-        epoch = await term.call(RejoinWorker(hub, worker_id, subjects, held, credits, owner))
+        epoch, must_stop = await term.call(
+            RejoinWorker(hub, worker_id, subjects, held, credits, owner)
+        )
     except BaseException:
         hub.unclaim_worker(session, previous)
         raise
@@ -304,7 +305,7 @@ async def _serve_worker(
         await socket.send_json({"type": "welcome", "node": term.node.address, "epoch": epoch})
         term.welcomed = True
         # What the worker holds and must stop (cancelled, or ended while it was away).
-        for order in await term.call(StopOrders(held)):
+        for order in must_stop:
             await socket.send_text(fast_json.dumps_text({"type": "cancel", **order}))
         await _worker_session(socket, term, session, owner)
     finally:

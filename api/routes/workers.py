@@ -30,7 +30,6 @@ from dispatch.api.loop_commands import (
     JobView,
     PresentWorker,
     RejoinWorker,
-    StopOrders,
 )
 from dispatch.api.schemas import (
     Ack,
@@ -61,16 +60,17 @@ async def poll(worker_id: str, body: Poll, node: NodeDep, principal: WorkerDep) 
     term_ended = hub.term_ended()
     term = node.leader()
     epoch = term.core.epoch
+    held = [(attempt.id, attempt.attempt, attempt.lease) for attempt in body.held or ()]
     if body.held is not None and body.epoch != epoch:
         # The worker's first poll of this term (or of its life): the leader may believe it
         # holds assignments it never received (a poll answer lost with the previous leader).
         # As a socket's hello does, make the leader's view what the worker says: what it does
         # not hold is requeued now, not when its deadline passes.
-        held = [(attempt.id, attempt.attempt, attempt.lease) for attempt in body.held]
         join = RejoinWorker(hub, worker_id, body.subjects, held, body.credits, owner)
-        epoch = await node.call(join)
+        epoch, must_stop = await node.call(join)
     else:
-        await node.call(PresentWorker(hub, worker_id, body.subjects, body.credits, owner))
+        present = PresentWorker(hub, worker_id, body.subjects, body.credits, owner, held)
+        must_stop = await node.call(present)
     outbox = hub.outbox(worker_id)
     if not outbox.items and not outbox.stops and body.wait_s > 0 and body.credits > 0:
         with contextlib.suppress(TimeoutError):
@@ -83,13 +83,12 @@ async def poll(worker_id: str, body: Poll, node: NodeDep, principal: WorkerDep) 
             "the leadership term of this poll ended",
             leader=elsewhere if elsewhere != node.address else None,
         )
-    # What it must stop: orders committed while it waited, and (after a failover or a missed
-    # answer) what its `held` says it runs that the leader ended or is cancelling.
-    stops = {(order["id"], order["attempt"]): order for order in outbox.take_stops()}
-    if body.held:
-        held = [(attempt.id, attempt.attempt, attempt.lease) for attempt in body.held]
-        for order in await node.call(StopOrders(held)):
-            stops.setdefault((order["id"], order["attempt"]), order)
+    # What it must stop: what its `held` says it runs that the leader ended or is cancelling
+    # (answered with the poll's own command: after a failover, or a missed answer), and the
+    # orders committed while it waited.
+    stops = {(order["id"], order["attempt"]): order for order in must_stop}
+    for order in outbox.take_stops():
+        stops.setdefault((order["id"], order["attempt"]), order)
     return Assignments.model_validate(
         {
             "assignments": hub.take(worker_id, body.credits),

@@ -32,6 +32,8 @@ from dispatch.core.events import (
     JobEvent,
     JobHeartbeat,
     LeaderElected,
+    LimitRemoved,
+    LimitSet,
     Paused,
     PauseScope,
     Pruned,
@@ -52,6 +54,7 @@ from dispatch.core.job import (
     JobStatus,
     RequeueReason,
 )
+from dispatch.core.limits import MAX_KEY_LENGTH, Limit, LimitScope
 from dispatch.core.queries import QueueStats
 from dispatch.core.reducer import apply_job_event, fold_job, fold_job_events
 from dispatch.core.retry import RetryPolicy
@@ -64,6 +67,7 @@ __all__ = [
     "DEFAULT_CLIENT_ID",
     "EVENT_TYPES",
     "MAX_CREDITS",
+    "MAX_KEY_LENGTH",
     "TERMINAL_STATUSES",
     "Assigned",
     "CancelRequested",
@@ -85,6 +89,10 @@ __all__ = [
     "JobRecord",
     "JobStatus",
     "LeaderElected",
+    "Limit",
+    "LimitRemoved",
+    "LimitScope",
+    "LimitSet",
     "PauseScope",
     "Paused",
     "Pruned",

@@ -11,6 +11,7 @@ from typing import Any
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.events import PauseScope
 from dispatch.core.job import JobStatus, check_record
+from dispatch.core.limits import LimitScope
 from dispatch.core.state import DispatcherState
 from dispatch.core.subjects import compile_pattern, match_tokens
 from dispatch.core.workers import pick_worker
@@ -54,6 +55,10 @@ def state_view(checked: Checked) -> dict[str, Any]:
         "pauses": {
             f"{scope.value}:{target}": paused.to_dict()
             for (scope, target), paused in sorted(state._pauses.items())
+        },
+        "limits": {
+            f"{scope.value}:{target}": event.to_dict()
+            for (scope, target), event in sorted(state._limits.items())
         },
     }
 
@@ -122,9 +127,20 @@ def _check_queues(state: DispatcherState, running_per_queue: Counter[str]) -> No
         assert sorted(-p for p in queue.levels) == queue.priorities
         assert sum(1 for other in state._rotation if other is queue) == int(queue.in_rotation)
     assert len(set(laned)) == len(laned), "a job is in two lanes"
+    held: list[str] = []
+    limited: Counter[str] = Counter()
+    for key, gate in state._keys.items():
+        assert gate.key == key
+        for job_id, job in gate.held_jobs.items():
+            assert jobs.get(job_id) is job and job.status is JobStatus.QUEUED, job_id
+            assert job.key == key and not state._is_delayed(job), job_id
+            held.append(job_id)
+            limited[job.exec] += 1
+    for exec_name, queue in state._queues.items():
+        assert queue.limited == limited[exec_name], f"{exec_name}: limited count off"
     queued = {job.id for job in jobs.values() if job.status is JobStatus.QUEUED}
-    assert set(laned) | set(delayed_ids) == queued, "queued jobs and queues disagree"
-    assert not set(laned) & set(delayed_ids), "a job is both delayed and ready"
+    assert set(laned) | set(delayed_ids) | set(held) == queued, "queued jobs and queues disagree"
+    assert len(laned) + len(delayed_ids) + len(held) == len(queued), "a job is in two places"
     assert state._delayed == len(delayed)
     expiring = {
         entry[2].id
@@ -147,6 +163,7 @@ def _check_workers_and_clients(state: DispatcherState, inflight: Counter[str]) -
     for client_id, client in state._clients.items():
         assert client.inflight == inflight[client_id], f"{client_id}: in-flight count off"
     _check_pauses(state)
+    _check_limits(state)
     assert {job.id for job in jobs.values() if job.status is JobStatus.DEAD} == set(state._dead)
     live_deadlines = {
         entry[2].id
@@ -176,21 +193,78 @@ def _check_pauses(state: DispatcherState) -> None:
         assert client.room == (0 if held else client.cap), f"{client_id}: room off"
 
 
+def _check_limits(state: DispatcherState) -> None:
+    """Each client, exec queue and key is limited exactly by the limits in force, and the
+    running counts of exec limits and keys match the running jobs."""
+    for (scope, target), event in state._limits.items():
+        assert (event.scope, event.target) == (scope, target)
+    for client_id, client in state._clients.items():
+        limit = state._limit_of(LimitScope.CLIENT, client_id)
+        cap = None if limit is None else limit.max_inflight
+        expected = state.config.cap_for(client_id) if cap is None else cap
+        assert client.cap == expected, f"{client_id}: cap {client.cap}, limits say {expected}"
+        has_rate = limit is not None and limit.rate is not None
+        assert (client.bucket is not None) == has_rate, f"{client_id}: rate bucket off"
+    patterns = {
+        target
+        for scope_name, targets in state.config.limits.items()
+        if scope_name == LimitScope.EXEC.value
+        for target in targets
+    } | {target for scope, target in state._limits if scope is LimitScope.EXEC}
+    assert set(state._exec_gates) == patterns, "exec limits and their gates disagree"
+    running: Counter[str] = Counter()
+    running_keys: Counter[str] = Counter()
+    for job in state._jobs.values():
+        if job.status is JobStatus.RUNNING:
+            running[job.exec] += 1
+            if job.key is not None:
+                running_keys[job.key] += 1
+    for exec_name, queue in state._queues.items():
+        matching = [
+            gate for gate in state._exec_gates.values() if match_tokens(gate.pattern, queue.tokens)
+        ]
+        assert sorted(map(id, queue.gates)) == sorted(map(id, matching)), f"{exec_name}: gates"
+    for target, gate in state._exec_gates.items():
+        counted = sum(running[q.exec] for q in state._queues.values() if gate in q.gates)
+        assert gate.inflight == counted, f"exec limit {target}: running count off"
+    for key, count in running_keys.items():
+        key_gate = state._keys.get(key)
+        assert key_gate is not None and key_gate.inflight == count, f"key {key}: count off"
+    for key, key_gate in state._keys.items():
+        assert key_gate.inflight == running_keys[key], f"key {key}: running count off"
+        assert key_gate.limit is state._key_limits.for_key(key), f"key {key}: limit off"
+
+
 def check_work_conserving(checked: Checked) -> None:
     """After an assignment pass: no ready job of a client under its cap (and not paused) is
     left waiting in a queue that is not paused while a matching worker has credit."""
     state = _state_of(checked)
+    now = state._clock
     for queue in state._queues.values():
-        if queue.paused:
+        if queue.paused or not all(gate.admits(now) for gate in queue.gates):
             continue
         workers = [w for w in state._workers.values() if w.matches(queue.subject)]
         if pick_worker(workers) is None:
             continue
         for lane in queue.lanes():
-            assert lane.client.inflight >= lane.client.room, (
-                f"{queue.exec}: client {lane.client.client_id} waits under its cap "
+            client = lane.client
+            blocked = client.bucket is not None and not client.bucket.admits(now)
+            assert client.inflight >= client.room or blocked, (
+                f"{queue.exec}: client {client.client_id} waits under its cap "
                 "while a matching worker has credit"
             )
+        for gate in state._keys.values():
+            if not gate.admits(now):
+                continue
+            for job in gate.held_jobs.values():
+                if job.exec != queue.exec:
+                    continue
+                client = state._clients[job.client_id]
+                blocked = client.bucket is not None and not client.bucket.admits(now)
+                assert client.inflight >= client.room or blocked, (
+                    f"{job.id}: held by key {gate.key}, which has room, while a matching "
+                    "worker has credit"
+                )
 
 
 def check_caps(checked: Checked) -> None:

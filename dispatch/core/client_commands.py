@@ -151,6 +151,7 @@ class ClientCommands:
             retry,
             expires_at,
             request.max_run_s or config.max_run_for(request.exec),
+            request.key,
         )
         state._on_enqueued(event)
         out.append(event)

@@ -9,6 +9,7 @@ from typing import Any
 from dispatch.core import _validate as v
 from dispatch.core.bounds import check_json_value
 from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN
+from dispatch.core.limits import MAX_KEY_LENGTH, check_key
 from dispatch.core.retry import RetryPolicy
 from dispatch.core.subjects import validate_exec
 
@@ -26,6 +27,8 @@ MAX_DELAY_S = 366 * 24 * 3600.0
 """Longest delay before a job may run (a year)."""
 MAX_NOT_BEFORE = 253_402_300_799.0
 """Latest `not_before`: 9999-12-31T23:59:59Z, the last instant a timestamp column holds."""
+__all__ = ["MAX_KEY_LENGTH", "SubmitRequest"]
+
 MAX_EXEC_LENGTH = 255
 """Longest exec name (it is a subject, a metric label and a Delta partition value)."""
 
@@ -44,6 +47,7 @@ _FIELDS = frozenset(
         "expires_at",
         "ttl_s",
         "max_run_s",
+        "key",
     }
 )
 
@@ -63,6 +67,9 @@ class SubmitRequest:
 
     `max_run_s` is the hard time limit of each attempt (heartbeats cannot carry one past it);
     None: its exec's default (`CoreConfig.max_run_for`), decided when it is enqueued.
+
+    `key` is the job's concurrency key (`"account:42"`): the key limits in force
+    (`dispatch.core.limits`) count and hold the jobs that carry it.
     """
 
     id: str
@@ -78,6 +85,7 @@ class SubmitRequest:
     expires_at: float | None = None
     ttl_s: float | None = None
     max_run_s: float | None = None
+    key: str | None = None
 
     def __post_init__(self) -> None:
         v.as_submitted_id(self.id, "id")
@@ -111,6 +119,8 @@ class SubmitRequest:
         if self.max_run_s is not None:
             number = v.as_number(self.max_run_s, "max_run_s", positive=True)
             _at_most(number, MAX_DELAY_S, "max_run_s")
+        if self.key is not None:
+            check_key(self.key)
         # Times are floats in every event; normalise ints once here.
         for name in ("timeout_s", "delay_s", "not_before", "expires_at", "ttl_s", "max_run_s"):
             value = getattr(self, name)
@@ -138,6 +148,7 @@ class SubmitRequest:
             expires_at=v.field_value(data, "expires_at", where, None),
             ttl_s=v.field_value(data, "ttl_s", where, None),
             max_run_s=v.field_value(data, "max_run_s", where, None),
+            key=v.field_value(data, "key", where, None),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,7 +167,7 @@ class SubmitRequest:
             out["delay_s"] = self.delay_s
         if self.not_before is not None:
             out["not_before"] = self.not_before
-        for name in ("retry", "expires_at", "ttl_s", "max_run_s"):
+        for name in ("retry", "expires_at", "ttl_s", "max_run_s", "key"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
+from dispatch.core.limits import Limit, LimitScope, check_target
 from dispatch.core.retry import RetryPolicy
 from dispatch.core.subjects import compile_pattern, match_tokens
 
@@ -66,6 +67,10 @@ class CoreConfig:
     cancel_grace_s: float = 30.0
     """How long a running job's worker has to stop after a cancel: the job ends `cancelled`
     when the worker confirms, or when this passes (whichever is first)."""
+    limits: Mapping[str, Mapping[str, Limit]] = field(default_factory=dict)
+    """Default runtime limits: scope (`client`, `exec`, `key`) -> target -> Limit. A
+    runtime limit (`Dispatcher.set_limit`) on the same scope and target replaces one
+    wholly; removing it brings this one back (see `dispatch.core.limits`)."""
 
     def __post_init__(self) -> None:
         _check_positive_int("default_cap", self.default_cap)
@@ -125,6 +130,7 @@ class CoreConfig:
         object.__setattr__(self, "_max_run_patterns", tuple(limits))
         _check_positive_number("cancel_grace_s", self.cancel_grace_s)
         object.__setattr__(self, "cancel_grace_s", float(self.cancel_grace_s))
+        object.__setattr__(self, "limits", _checked_limits(self.limits))
 
     def retry_for(self, exec_name: str) -> RetryPolicy:
         """The default retry policy of jobs of `exec_name`."""
@@ -155,6 +161,36 @@ class CoreConfig:
         return ack_timeout(
             first_timeout_s, attempt, self.backoff_multiplier, self.max_ack_timeout_s
         )
+
+
+def _checked_limits(
+    limits: Mapping[str, Mapping[str, Limit]],
+) -> Mapping[str, Mapping[str, Limit]]:
+    """A read-only copy of valid default limits (ValueError naming the bad entry)."""
+    if not isinstance(limits, Mapping):
+        raise ValueError(f"limits: expected a mapping scope -> target -> limit, got {limits!r}")
+    out: dict[str, Mapping[str, Limit]] = {}
+    for scope_name, targets in limits.items():
+        try:
+            scope = LimitScope(scope_name)
+        except ValueError:
+            raise ValueError(
+                f"limits: unknown scope {scope_name!r} (client, exec or key)"
+            ) from None
+        if not isinstance(targets, Mapping):
+            raise ValueError(f"limits.{scope_name}: expected a mapping target -> limit")
+        checked: dict[str, Limit] = {}
+        for target, limit in targets.items():
+            where = f"limits.{scope_name}[{target!r}]"
+            try:
+                name = check_target(scope, target, 255)
+                if not isinstance(limit, Limit):
+                    raise ValueError(f"expected a Limit, got {limit!r}")
+                checked[name] = Limit.checked(limit.max_inflight, limit.rate, limit.burst)
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
+        out[scope.value] = MappingProxyType(checked)
+    return MappingProxyType(out)
 
 
 def _first_match(

@@ -11,6 +11,7 @@ body there). The parts share one `DispatcherState` (the state and its fold, `app
   `redrive`;
 - `worker_commands.WorkerCommands`: `join`, `grant_credit`, `worker_heartbeat`, `lose_worker`;
 - `control_commands.ControlCommands`: `pause`, `unpause` (and the `pauses` query);
+- `limit_commands.LimitCommands`: `set_limit`, `remove_limit` (and the views of limits);
 - `settlement.SettlementCommands`: `ack`, `ack_many`, `fail`, `heartbeat`;
 - `queries.DispatcherQueries`: read-only questions.
 
@@ -30,11 +31,12 @@ from dispatch.core.commands import SubmitRequest
 from dispatch.core.config import CoreConfig
 from dispatch.core.control_commands import ControlCommands
 from dispatch.core.errors import Rejected
-from dispatch.core.events import Event, Paused
+from dispatch.core.events import Event, LimitSet, Paused
 from dispatch.core.fence import EpochFence
 from dispatch.core.job import JobRecord, JobStatus
 from dispatch.core.leader_commands import LeaderCommands
 from dispatch.core.leases import LeaseTokens
+from dispatch.core.limit_commands import LimitCommands
 from dispatch.core.queries import ClientLoads, DispatcherQueries, QueueStats
 from dispatch.core.restore import load_snapshot
 from dispatch.core.scheduler import Scheduler
@@ -69,6 +71,7 @@ class Dispatcher:
         self._worker_commands = WorkerCommands(state, scheduler)
         self._settlement = SettlementCommands(state, scheduler)
         self._control = ControlCommands(state, scheduler)
+        self._limits = LimitCommands(state, scheduler)
         self._queries = DispatcherQueries(state)
 
     @property
@@ -179,6 +182,43 @@ class Dispatcher:
     def pauses(self) -> list[Paused]:
         """The pauses in force (each its `paused` event), oldest first."""
         return self._control.pauses()
+
+    def set_limit(
+        self,
+        scope: str,
+        target: str,
+        now: float,
+        *,
+        max_inflight: int | None = None,
+        rate: float | None = None,
+        burst: int | None = None,
+        by: str | None = None,
+        reason: str = "",
+    ) -> list[Event]:
+        """Put a runtime limit (`limit_set`) on a client, an exec pattern or a key
+        (pattern): at most `max_inflight` running, at most `rate` starts a second."""
+        return self._limits.set_limit(
+            scope, target, now, max_inflight=max_inflight, rate=rate, burst=burst, by=by,
+            reason=reason,
+        )  # fmt: skip
+
+    def remove_limit(
+        self, scope: str, target: str, now: float, *, by: str | None = None
+    ) -> list[Event]:
+        """End a runtime limit (`limit_removed`; the settings' one applies again)."""
+        return self._limits.remove_limit(scope, target, now, by=by)
+
+    def limits(self) -> list[LimitSet]:
+        """The runtime limits in force (each its `limit_set` event), oldest first."""
+        return self._limits.limits()
+
+    def limit_views(self) -> list[dict[str, Any]]:
+        """Every limit in force (runtime and settings) with its counts, as plain data."""
+        return self._limits.limit_views()
+
+    def limit_view(self, scope: str, target: str) -> dict[str, Any] | None:
+        """The limit in force on (scope, target) with its counts, or None."""
+        return self._limits.limit_view(scope, target)
 
     # --- workers ---------------------------------------------------------------------------
 
@@ -371,6 +411,7 @@ class Dispatcher:
         epoch: int = 0,
         owned: bool = False,
         pauses: Iterable[Paused] = (),
+        limits: Iterable[LimitSet] = (),
     ) -> Dispatcher:
         """A dispatcher holding a snapshot: the job records (e.g. the Delta `jobs` table at
         some version), optionally the workers, and the fence epoch the snapshot was taken at.
@@ -384,10 +425,12 @@ class Dispatcher:
         so pass only records nothing else refers to and do not use them afterwards (e.g. the
         list `dispatch.delta.snapshot.latest_snapshot` just read). ValueError names the first
         inconsistent record. `pauses` are the pauses in force at the snapshot (the `paused`
-        events the streaming fold keeps).
+        events the streaming fold keeps); `limits` the runtime limits in force (its
+        `limit_set` events). Every rate limit starts as if emptied at the snapshot's time.
         """
         dispatcher = cls(config, epoch=epoch)
         load_snapshot(dispatcher.state, jobs, workers, owned=owned)
         for paused in pauses:
             dispatcher.state._on_paused(paused)
+        dispatcher.state.restore_limits(limits)
         return dispatcher

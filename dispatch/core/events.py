@@ -16,7 +16,9 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from dispatch.core import _validate as v
+from dispatch.core.commands import MAX_EXEC_LENGTH
 from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN, DeadReason, RequeueReason
+from dispatch.core.limits import Limit, LimitScope, check_key, check_target
 from dispatch.core.progress import check_progress
 from dispatch.core.retry import RetryPolicy
 from dispatch.core.subjects import compile_pattern, validate_exec, validate_patterns
@@ -94,6 +96,47 @@ class Resumed(Event):
 
     type: ClassVar[str] = "resumed"
     scope: PauseScope
+    target: str
+    by: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = Event.to_dict(self)
+        _drop_unset(out, ("by",))
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LimitSet(Event):
+    """A runtime limit on `target` (a client id, an exec pattern, or a key or key pattern,
+    per `scope`) is in force from now: it replaces the one before (or the settings' one).
+    At least one of `max_inflight` and `rate` is set; `burst` goes with `rate`."""
+
+    type: ClassVar[str] = "limit_set"
+    scope: LimitScope
+    target: str
+    max_inflight: int | None = None
+    rate: float | None = None
+    burst: int | None = None
+    by: str | None = None
+    """The name of the API key that set it (None: not recorded)."""
+    reason: str = ""
+
+    @property
+    def limit(self) -> Limit:
+        return Limit(self.max_inflight, self.rate, self.burst)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = Event.to_dict(self)
+        _drop_unset(out, ("max_inflight", "rate", "burst", "by", "reason"))
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LimitRemoved(Event):
+    """The runtime limit on `target` ended (the settings' one, if any, applies again)."""
+
+    type: ClassVar[str] = "limit_removed"
+    scope: LimitScope
     target: str
     by: str | None = None
 
@@ -184,6 +227,8 @@ class Enqueued(JobEvent):
     """Not started by then, the job expires (None: never)."""
     max_run_s: float | None = None
     """Hard time limit of each attempt, the job's own or its exec's default (None: none)."""
+    key: str | None = None
+    """The job's concurrency key (None: none)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = Event.to_dict(self)
@@ -193,7 +238,7 @@ class Enqueued(JobEvent):
             del out["retry"]
         else:
             out["retry"] = self.retry.to_dict()
-        _drop_unset(out, ("expires_at", "max_run_s"))
+        _drop_unset(out, ("expires_at", "max_run_s", "key"))
         return out
 
 
@@ -358,6 +403,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Pruned,
         Paused,
         Resumed,
+        LimitSet,
+        LimitRemoved,
         WorkerJoined,
         CreditGranted,
         WorkerHeartbeat,
@@ -466,6 +513,22 @@ _SCHEMAS: dict[type[Event], dict[str, _Parse]] = {
         "target": _pause_target,
         "by": v.as_opt_str,
     },
+    LimitSet: {
+        "scope": lambda value, label: v.as_enum(LimitScope, value, label),
+        "target": _pause_target,
+        "max_inflight": lambda value, label: None if value is None else v.as_int(value, label, 1),
+        "rate": lambda value, label: (
+            None if value is None else float(v.as_number(value, label, positive=True))
+        ),
+        "burst": lambda value, label: None if value is None else v.as_int(value, label, 1),
+        "by": v.as_opt_str,
+        "reason": v.as_str,
+    },
+    LimitRemoved: {
+        "scope": lambda value, label: v.as_enum(LimitScope, value, label),
+        "target": _pause_target,
+        "by": v.as_opt_str,
+    },
     WorkerJoined: {"worker_id": v.as_id, "subjects": _subjects, "owner": v.as_opt_str},
     CreditGranted: {
         "worker_id": v.as_id,
@@ -491,6 +554,7 @@ _SCHEMAS: dict[type[Event], dict[str, _Parse]] = {
         "max_run_s": lambda value, label: (
             None if value is None else v.as_number(value, label, positive=True)
         ),
+        "key": lambda value, label: None if value is None else check_key(value, label),
     },
     Assigned: {
         **_JOB,
@@ -600,4 +664,17 @@ def event_from_dict(data: Mapping[str, Any]) -> Event:
         )
     if cls is Paused or cls is Resumed:
         _check_pause_target(type_name, kwargs["scope"], kwargs["target"])
+    if cls is LimitSet or cls is LimitRemoved:
+        _check_limit(type_name, kwargs)
     return cls(**kwargs)
+
+
+def _check_limit(type_name: str, kwargs: dict[str, Any]) -> None:
+    """A limit's target as its scope wants it, and (for `limit_set`) knobs a command could
+    have decided, so that folding the event cannot fail on them."""
+    try:
+        check_target(kwargs["scope"], kwargs["target"], MAX_EXEC_LENGTH)
+        if type_name == LimitSet.type:
+            Limit.checked(kwargs.get("max_inflight"), kwargs.get("rate"), kwargs.get("burst"))
+    except ValueError as error:
+        raise ValueError(f"{type_name}.{error}") from None

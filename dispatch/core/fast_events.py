@@ -44,6 +44,7 @@ _ENQUEUED_SETTERS = _slot_setters(
         "retry",
         "expires_at",
         "max_run_s",
+        "key",
     ),
 )
 _ASSIGNED_SETTERS = _slot_setters(
@@ -69,10 +70,11 @@ def new_enqueued(
     retry: RetryPolicy | None = None,
     expires_at: float | None = None,
     max_run_s: float | None = None,
+    key: str | None = None,
     _setters: tuple[Callable[[Any, Any], None], ...] = _ENQUEUED_SETTERS,
 ) -> Enqueued:
     """Same as Enqueued(...) with these values, faster (no validation in either)."""
-    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13 = _setters
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14 = _setters
     event: Enqueued = _new(Enqueued)
     s0(event, epoch)
     s1(event, at)
@@ -88,6 +90,7 @@ def new_enqueued(
     s11(event, retry)
     s12(event, expires_at)
     s13(event, max_run_s)
+    s14(event, key)
     return event
 
 

@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from dispatch.core import _validate as v
+from dispatch.core.limits import check_key
 from dispatch.core.progress import stored_progress
 from dispatch.core.retry import RetryPolicy
 from dispatch.core.subjects import validate_exec
@@ -147,6 +148,8 @@ class JobRecord:
     progress: dict[str, Any] | None = None
     """The latest progress its worker reported for the current attempt (`{done, total,
     message, at}`; see `dispatch.core.progress`), kept once the job ends; None: none."""
+    key: str | None = None
+    """The job's concurrency key (see `dispatch.core.limits`); None: none."""
 
     def copy(self) -> JobRecord:
         return JobRecord(
@@ -175,6 +178,7 @@ class JobRecord:
             self.run_limit_at,
             self.cancel_requested_at,
             self.progress,
+            self.key,
         )
 
     @property
@@ -252,18 +256,30 @@ class JobRecord:
                 get("cancel_requested_at", None), "job.cancel_requested_at"
             ),
             progress=stored_progress(get("progress", None)),
+            key=_opt_key(get("key", None)),
         )
         check_record(record)
         return record
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(JobRecord))
-_LATER_FIELDS = ("expires_at", "max_run_s", "run_limit_at", "cancel_requested_at", "progress")
+_LATER_FIELDS = (
+    "expires_at",
+    "max_run_s",
+    "run_limit_at",
+    "cancel_requested_at",
+    "progress",
+    "key",
+)
 """Optional fields added after the first Delta tables: left out of `to_dict` when unset."""
 
 
 def _opt_positive(value: Any, label: str) -> float | None:
     return None if value is None else float(v.as_number(value, label, positive=True))
+
+
+def _opt_key(value: Any) -> str | None:
+    return None if value is None else check_key(value, "job.key")
 
 
 def _opt_retry(value: Any) -> RetryPolicy | None:

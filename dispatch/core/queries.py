@@ -207,8 +207,8 @@ class DispatcherQueries:
 
     def next_timer_at(self) -> float | None:
         """The earliest time a `tick` could change something (a deadline, a delayed job, a
-        worker expiry), so the leader may sleep until then. Stale entries can make it early,
-        never late."""
+        worker expiry, a rate limit's next token), so the leader may sleep until then. Stale
+        entries can make it early, never late."""
         state = self._state
         times = [
             heap[0][0]
@@ -217,6 +217,7 @@ class DispatcherQueries:
                 state._delays.heap,
                 state._expiry.heap,
                 state._job_expiry.heap,
+                state._wakes.heap,
             )
             if heap
         ]

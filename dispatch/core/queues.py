@@ -19,10 +19,14 @@ from __future__ import annotations
 import heapq
 from bisect import insort
 from collections import deque
+from typing import TYPE_CHECKING, Protocol
 
 from dispatch.core.job import JobRecord, JobStatus
 from dispatch.core.subjects import assign_subject
 from dispatch.core.workers import WorkerState
+
+if TYPE_CHECKING:
+    from dispatch.core.limits import ExecGate, RateBucket
 
 _QUEUED = JobStatus.QUEUED
 _COMPACT_MIN_STALE = 64
@@ -37,11 +41,34 @@ from what the leader folded since its snapshot; queues restored from a snapshot 
 one."""
 
 
+class Gatekeeper(Protocol):
+    """What `ExecQueue.next_job` asks of the limits (`DispatcherState` answers)."""
+
+    def client_blocked(self, client: ClientState, now: float) -> bool:
+        """The client's rate limit has no token now (it asks to be woken when it has)."""
+        ...
+
+    def key_admits(self, queue: ExecQueue, lane: Lane, job: JobRecord, now: float) -> bool:
+        """The job's key has room now; if not, the job is taken out of its lane and held
+        by its key until it has."""
+        ...
+
+
 class ClientState:
     """A client's in-flight count against its cap, the lanes parked while it is full (or
-    paused), and how many exec queues it created."""
+    paused, or out of rate tokens), and how many exec queues it created."""
 
-    __slots__ = ("cap", "client_id", "exec_queues", "inflight", "parked", "paused", "room")
+    __slots__ = (
+        "bucket",
+        "cap",
+        "client_id",
+        "exec_queues",
+        "inflight",
+        "parked",
+        "paused",
+        "room",
+        "wake_at",
+    )
 
     def __init__(self, client_id: str, cap: int) -> None:
         self.client_id = client_id
@@ -54,10 +81,18 @@ class ClientState:
         self.parked: list[Lane] = []
         self.exec_queues = 0
         """Exec queues its submissions created (see MAX_EXEC_QUEUES_PER_CLIENT)."""
+        self.bucket: RateBucket | None = None
+        """Its rate limit's token bucket (None: no rate limit)."""
+        self.wake_at: float | None = None
+        """When it asked to be woken for its next token (None: it did not)."""
 
     def pause(self, paused: bool) -> None:
         self.paused = paused
         self.room = 0 if paused else self.cap
+
+    def set_cap(self, cap: int) -> None:
+        self.cap = cap
+        self.room = 0 if self.paused else cap
 
     @property
     def full(self) -> bool:
@@ -211,8 +246,10 @@ class ExecQueue:
     __slots__ = (
         "delayed",
         "exec",
+        "gates",
         "in_rotation",
         "levels",
+        "limited",
         "paused",
         "priorities",
         "ready",
@@ -236,6 +273,10 @@ class ExecQueue:
         self.in_rotation = False
         self.paused = False
         """A pause of an exec pattern matching it holds its ready jobs (running ones go on)."""
+        self.gates: tuple[ExecGate, ...] = ()
+        """The exec limits whose patterns match it (a job starts only if all have room)."""
+        self.limited = 0
+        """Its queued jobs held by their concurrency key (out of their lanes)."""
         self.workers: list[WorkerState] | None = None
         """Matching workers, computed on demand; None after any worker joins or leaves."""
 
@@ -305,9 +346,19 @@ class ExecQueue:
             del self.levels[level.priority]
             self.priorities.remove(-level.priority)
 
-    def next_job(self) -> JobRecord | None:
+    def hold(self, lane: Lane, job: JobRecord) -> None:
+        """Take the lane's head out: its concurrency key holds it. The lane and its level
+        stay even if empty (`next_job` is walking them)."""
+        lane.take(job)
+        lane.level.live -= 1
+        self.ready -= 1
+        self.limited += 1
+
+    def next_job(self, now: float = 0.0, gatekeeper: Gatekeeper | None = None) -> JobRecord | None:
         """The job to serve next: highest priority, then the lane at the front of that level's
-        rotation whose client is under its cap. Parks full clients' lanes on the way."""
+        rotation whose client is under its cap (and rate). Parks full clients' lanes on the
+        way; with a `gatekeeper`, a head whose key has no room is held by the key and the
+        lane's next job is looked at."""
         levels = self.levels
         for negated in self.priorities:
             level = levels[-negated]
@@ -321,7 +372,11 @@ class ExecQueue:
                     lane.in_rotation = False
                     continue
                 client = lane.client
-                if client.inflight >= client.room:
+                if client.inflight >= client.room or (
+                    client.bucket is not None
+                    and gatekeeper is not None
+                    and gatekeeper.client_blocked(client, now)
+                ):
                     rotation.popleft()
                     lane.in_rotation = False
                     lane.parked = True
@@ -329,7 +384,13 @@ class ExecQueue:
                     continue
                 job = lane.head()
                 if job is not None:
-                    return job
+                    if (
+                        job.key is None
+                        or gatekeeper is None
+                        or gatekeeper.key_admits(self, lane, job, now)
+                    ):
+                        return job
+                    continue
                 # Unreachable while `live` is exact; kept so a bug cannot loop forever.
                 rotation.popleft()
                 lane.in_rotation = False

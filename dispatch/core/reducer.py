@@ -111,6 +111,8 @@ def enqueued(job: JobRecord | None, event: Enqueued) -> JobRecord:
         record.expires_at = event.expires_at
     if event.max_run_s is not None:
         record.max_run_s = event.max_run_s
+    if event.key is not None:
+        record.key = event.key
     return record
 
 

@@ -214,8 +214,9 @@ class Scheduler:
         target = None
         expired = job.expires_at is not None and job.expires_at <= now
         # An expired job starts no new attempt: requeued, the pass that follows expires it.
-        # Nor does a paused one: it waits at the front of its queue for the resume.
-        held = queue.paused or state._clients[job.client_id].paused
+        # Nor does a paused one: it waits at the front of its queue for the resume; nor one
+        # a limit holds (no room, or no rate token, with the job counted out).
+        held = queue.paused or not state.admits_again(job, queue, now)
         if retry_at is None and not expired and not held:
             target = pick_worker(self.matching(queue), exclude=worker)
             if target is None and worker.credit > 0 and worker.matches(queue.subject):
@@ -293,7 +294,8 @@ class Scheduler:
 
     def assignment_pass(self, now: float, out: list[Event]) -> None:
         """Assign until no exec queue has both a ready job (of a client under its cap, not
-        paused) and a matching worker with credit (a paused exec queue serves nothing). Exec
+        paused, with room in its limits) and a matching worker with credit (a paused exec
+        queue serves nothing, nor one an exec limit holds). Exec
         queues take turns (round-robin); a queue found unservable leaves the rotation until a
         job, a worker, credit or a resume wakes it, so the pass costs O(assignments + queues
         that changed), not O(queues)."""
@@ -306,15 +308,16 @@ class Scheduler:
         epoch = state.fence.epoch
         on_assigned = state._on_assigned
         lease_token = state._lease_token
+        gates_admit = state.gates_admit
         while rotation:
             queue = rotation[0]
             worker = None
-            if queue.ready and not queue.paused:
+            if queue.ready and not queue.paused and (not queue.gates or gates_admit(queue, now)):
                 workers = queue.workers
                 if workers is None:
                     workers = self.matching(queue)
                 worker = pick_worker(workers)
-            job = queue.next_job() if worker is not None else None
+            job = queue.next_job(now, state) if worker is not None else None
             if worker is None or job is None:
                 rotation.popleft()
                 queue.in_rotation = False

@@ -14,6 +14,7 @@ worker (no subjects, no credit, no known owner) and credit never goes below zero
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -33,6 +34,8 @@ from dispatch.core.events import (
     Expired,
     JobHeartbeat,
     LeaderElected,
+    LimitRemoved,
+    LimitSet,
     Paused,
     PauseScope,
     Pruned,
@@ -47,7 +50,16 @@ from dispatch.core.events import (
 from dispatch.core.fence import EpochFence
 from dispatch.core.job import DeadReason, JobRecord, JobStatus, RequeueReason
 from dispatch.core.leases import LeaseTokens, RandomLeaseTokens
-from dispatch.core.queues import ClientState, ExecQueue, unpark
+from dispatch.core.limits import (
+    ExecGate,
+    KeyGate,
+    KeyLimits,
+    Limit,
+    LimitScope,
+    WakeHeap,
+    new_bucket,
+)
+from dispatch.core.queues import ClientState, ExecQueue, Lane, unpark
 from dispatch.core.subjects import compile_pattern, match_tokens
 from dispatch.core.timers import DeadlineHeap, DelayHeap, ExpiryHeap, JobExpiryHeap
 from dispatch.core.workers import WorkerState
@@ -109,11 +121,29 @@ class DispatcherState:
         """Pauses in force, by (scope, target), with the event that set each."""
         self._paused_execs: dict[str, tuple[str, ...]] = {}
         """The exec pauses in force: each pattern's tokens (checked for each new queue)."""
+        self._limits: dict[tuple[LimitScope, str], LimitSet] = {}
+        """Runtime limits in force, by (scope, target), with the event that set each."""
+        self._exec_gates: dict[str, ExecGate] = {}
+        """Exec limits in force (runtime or settings), by pattern."""
+        self._key_limits = KeyLimits()
+        """Key limits in force (runtime or settings): which limit each key gets."""
+        self._keys: dict[str, KeyGate] = {}
+        """Keys with running or held jobs (or a bucket still refilling)."""
+        self._wakes = WakeHeap()
+        """Clients and gates out of rate tokens, by when they have one again."""
+        self._rate_origin = -math.inf
+        """A bucket that starts limiting is full, or as if emptied at this time if that is
+        later: a restored state sets it to its clock (the starts before are unknown)."""
+        for scope_name, targets in self.config.limits.items():
+            for target, limit in targets.items():
+                self._apply_limit(LimitScope(scope_name), target, limit, 0.0)
         self._handlers: dict[type[Event], Callable[[Any], None]] = {
             LeaderElected: self._on_leader_elected,
             Pruned: self._on_pruned,
             Paused: self._on_paused,
             Resumed: self._on_resumed,
+            LimitSet: self._on_limit_set,
+            LimitRemoved: self._on_limit_removed,
             WorkerJoined: self._on_worker_joined,
             CreditGranted: self._on_credit_granted,
             WorkerHeartbeat: self._on_worker_heartbeat,
@@ -169,8 +199,13 @@ class DispatcherState:
         return self._clock
 
     def _advance(self, now: float) -> None:
-        """Move the clock forward; delayed jobs whose time has come become ready."""
+        """Move the clock forward; delayed jobs whose time has come become ready, and limits
+        whose bucket has a token again serve what they held."""
         self._clock = now
+        wakes = self._wakes.heap
+        if wakes and wakes[0][0] <= now:
+            for what in self._wakes.pop_due(now):
+                self._wake_limit(what, now)
         delays = self._delays
         if delays.heap and delays.heap[0][0] <= now:
             for job in delays.pop_due(now):
@@ -185,6 +220,12 @@ class DispatcherState:
             queue = self._queues[exec_name] = ExecQueue(exec_name)
             if self._paused_execs:
                 queue.paused = self._exec_paused(queue.tokens)
+            if self._exec_gates:
+                queue.gates = tuple(
+                    gate
+                    for gate in self._exec_gates.values()
+                    if match_tokens(gate.pattern, queue.tokens)
+                )
         return queue
 
     def _client(self, client_id: str) -> ClientState:
@@ -195,6 +236,9 @@ class DispatcherState:
             )
             if self._pauses and (PauseScope.CLIENT, client_id) in self._pauses:
                 client.pause(True)
+            limit = self._limit_of(LimitScope.CLIENT, client_id)
+            if limit is not None:
+                self._limit_client(client, limit, self._clock)
         return client
 
     def _exec_paused(self, tokens: tuple[str, ...]) -> bool:
@@ -268,12 +312,202 @@ class DispatcherState:
             worker.running.pop(job.id, None)
             if alive:
                 worker.last_seen = at
-        self._queues[job.exec].running -= 1
+        queue = self._queues[job.exec]
+        queue.running -= 1
         self._counts[_RUNNING_KEY] -= 1
         client = self._clients[job.client_id]
         client.inflight -= 1
         if client.parked and client.inflight < client.room:
             self._unpark(client)
+        if queue.gates:
+            for gate in queue.gates:
+                gate.inflight -= 1
+                if gate.held:
+                    self._release_exec(gate)
+        if job.key is not None:
+            key_gate = self._keys.get(job.key)
+            if key_gate is not None:
+                key_gate.inflight -= 1
+                self._release_key(key_gate, at)
+
+    # --- limits ---------------------------------------------------------------------------
+
+    def _limit_of(self, scope: LimitScope, target: str) -> Limit | None:
+        """The limit in force on (scope, target): the runtime one, else the settings'."""
+        event = self._limits.get((scope, target))
+        if event is not None:
+            return event.limit
+        return self.config.limits.get(scope.value, {}).get(target)
+
+    def _limit_client(self, client: ClientState, limit: Limit | None, now: float) -> None:
+        cap = None if limit is None else limit.max_inflight
+        client.set_cap(self.config.cap_for(client.client_id) if cap is None else cap)
+        if limit is None or limit.rate is None or limit.burst is None:
+            client.bucket = None
+        elif client.bucket is None:
+            client.bucket = new_bucket(limit, now, self._rate_origin)
+        else:
+            client.bucket.retune(limit.rate, limit.burst, now)
+        if client.parked:
+            # Looser or not, the pass looks again (and parks them again if they wait).
+            self._unpark(client)
+
+    def _apply_limit(self, scope: LimitScope, target: str, limit: Limit | None, now: float) -> None:
+        """Make `limit` (None: none) the one in force on (scope, target)."""
+        origin = self._rate_origin
+        if scope is LimitScope.CLIENT:
+            client = self._clients.get(target)
+            if client is not None:
+                self._limit_client(client, limit, now)
+            return
+        if scope is LimitScope.EXEC:
+            gate = self._exec_gates.get(target)
+            if gate is None and limit is not None:
+                gate = self._exec_gates[target] = ExecGate(target, limit, now, origin)
+                for queue in self._queues.values():
+                    if match_tokens(gate.pattern, queue.tokens):
+                        queue.gates = (*queue.gates, gate)
+                        gate.inflight += queue.running
+            elif gate is not None and limit is None:
+                del self._exec_gates[target]
+                for queue in self._queues.values():
+                    if gate in queue.gates:
+                        queue.gates = tuple(other for other in queue.gates if other is not gate)
+                self._release_exec(gate)
+            elif gate is not None and limit is not None:
+                gate.set_limit(limit, now, origin)
+                self._release_exec(gate)
+            return
+        self._key_limits.set(target, limit)
+        key_limits = self._key_limits
+        for key_gate in list(self._keys.values()):
+            wanted = key_limits.for_key(key_gate.key)
+            if wanted is not key_gate.limit:
+                key_gate.set_limit(wanted, now, origin)
+                self._release_key(key_gate, now)
+
+    def _release_exec(self, gate: ExecGate) -> None:
+        """The exec limit may have room: the queues it stopped are servable again."""
+        for queue in gate.held.values():
+            if queue.ready and not queue.in_rotation:
+                queue.in_rotation = True
+                self._rotation.append(queue)
+        gate.held.clear()
+
+    def _release_key(self, gate: KeyGate, now: float, group: tuple[str, str] | None = None) -> None:
+        """The key may have room: as many held jobs as fit go back to their lanes (from each
+        group of exec and client), then a key that holds nothing and is idle is forgotten."""
+        if gate.held_jobs:
+            room = gate.room(now)
+            if room:
+                for job in gate.release(room, group):
+                    queue = self._queues[job.exec]
+                    queue.limited -= 1
+                    self._ready(job, queue)
+        if not gate.held_jobs and gate.idle(now) and self._keys.get(gate.key) is gate:
+            del self._keys[gate.key]
+
+    def _key_gate(self, key: str, now: float) -> KeyGate:
+        gate = self._keys.get(key)
+        if gate is None:
+            limit = self._key_limits.for_key(key) if self._key_limits else None
+            gate = self._keys[key] = KeyGate(key, limit, now, self._rate_origin)
+        return gate
+
+    def _wake_limit(self, what: object, now: float) -> None:
+        """A client or gate asked to be woken when its bucket has a token: it has."""
+        if isinstance(what, ClientState):
+            what.wake_at = None
+            if what.parked and what.inflight < what.room:
+                self._unpark(what)
+        elif isinstance(what, ExecGate):
+            what.wake_at = None
+            self._release_exec(what)
+        elif isinstance(what, KeyGate):
+            what.wake_at = None
+            self._release_key(what, now)
+
+    def _ask_wake(self, what: ClientState | ExecGate | KeyGate, at: float) -> None:
+        wake_at = what.wake_at
+        if wake_at is None or at < wake_at:
+            what.wake_at = at
+            self._wakes.push(at, what)
+
+    def client_blocked(self, client: ClientState, now: float) -> bool:
+        """(Gatekeeper) The client's rate limit has no token now: it will be woken."""
+        bucket = client.bucket
+        if bucket is None or bucket.admits(now):
+            return False
+        self._ask_wake(client, bucket.ready_at(now))
+        return True
+
+    def key_admits(self, queue: ExecQueue, lane: Lane, job: JobRecord, now: float) -> bool:
+        """(Gatekeeper) The job's key has room; else the key holds the job until it has."""
+        gate = self._keys.get(job.key) if job.key is not None else None
+        if gate is None:
+            if not self._key_limits or job.key is None:
+                return True
+            gate = self._key_gate(job.key, now)
+        if gate.admits(now):
+            return True
+        queue.hold(lane, job)
+        gate.hold(job)
+        bucket = gate.bucket
+        if bucket is not None and not bucket.admits(now):
+            self._ask_wake(gate, bucket.ready_at(now))
+        return False
+
+    def gates_admit(self, queue: ExecQueue, now: float) -> bool:
+        """Every exec limit over the queue has room; else the first that has none holds the
+        queue (out of the rotation) until it has."""
+        for gate in queue.gates:
+            if not gate.admits(now):
+                gate.held[queue.exec] = queue
+                bucket = gate.bucket
+                if bucket is not None and not bucket.admits(now):
+                    self._ask_wake(gate, bucket.ready_at(now))
+                return False
+        return True
+
+    def admits_again(self, job: JobRecord, queue: ExecQueue, now: float) -> bool:
+        """Whether a running job's next attempt may start at once (a reassignment): every
+        limit over it has room with the job itself counted out of the running."""
+        client = self._clients[job.client_id]
+        if client.inflight - 1 >= client.room:
+            return False
+        if client.bucket is not None and not client.bucket.admits(now):
+            return False
+        for gate in queue.gates:
+            if not gate.admits(now, already_running=True):
+                return False
+        if job.key is not None:
+            key_gate = self._keys.get(job.key)
+            if key_gate is not None and not key_gate.admits(now, already_running=True):
+                return False
+        return True
+
+    def restore_limits(self, limits: Iterable[LimitSet]) -> None:
+        """After a snapshot was loaded: the runtime limits in force, counts rebuilt from the
+        running jobs, and every bucket as if emptied at the snapshot's clock."""
+        for event in limits:
+            self._on_limit_set(event)
+        now = self._clock
+        self._rate_origin = now
+        for client in self._clients.values():
+            if client.bucket is not None:
+                client.bucket.tokens = 0.0
+                client.bucket.at = now
+        for gate in self._exec_gates.values():
+            gate.inflight = sum(
+                queue.running for queue in self._queues.values() if gate in queue.gates
+            )
+            if gate.bucket is not None:
+                gate.bucket.tokens = 0.0
+                gate.bucket.at = now
+        self._keys.clear()
+        for job in self._jobs.values():
+            if job.status is _RUNNING and job.key is not None:
+                self._key_gate(job.key, now).inflight += 1
 
     # --- handlers: leader and workers ----------------------------------------------------
 
@@ -290,6 +524,10 @@ class DispatcherState:
             if jobs.get(job.id) is job:
                 del jobs[job.id]
                 counts[job.status.value] -= 1
+        # Keys kept only for a bucket still refilling are forgotten once it is full.
+        idle = [gate for gate in self._keys.values() if not gate.held_jobs and gate.idle(event.at)]
+        for gate in idle:
+            del self._keys[gate.key]
 
     def _on_paused(self, event: Paused) -> None:
         key = (event.scope, event.target)
@@ -332,6 +570,22 @@ class DispatcherState:
                 if not queue.paused and queue.ready and not queue.in_rotation:
                     queue.in_rotation = True
                     self._rotation.append(queue)
+
+    def _on_limit_set(self, event: LimitSet) -> None:
+        key = (event.scope, event.target)
+        self._limits.pop(key, None)
+        # Re-inserted: the dict's order is the order the limits in force were set.
+        self._limits[key] = event
+        self._apply_limit(event.scope, event.target, event.limit, event.at)
+
+    def _on_limit_removed(self, event: LimitRemoved) -> None:
+        key = (event.scope, event.target)
+        if self._limits.pop(key, None) is None:
+            raise InvalidTransition(
+                f"limit_removed {event.scope.value} {event.target!r}: no limit in force"
+            )
+        default = self.config.limits.get(event.scope.value, {}).get(event.target)
+        self._apply_limit(event.scope, event.target, default, event.at)
 
     def _on_worker_joined(self, event: WorkerJoined) -> None:
         worker = self._workers.get(event.worker_id)
@@ -428,7 +682,18 @@ class DispatcherState:
         worker.running[job.id] = job
         if worker.credit > 0:
             worker.credit -= 1
-        self._clients[job.client_id].inflight += 1
+        client = self._clients[job.client_id]
+        client.inflight += 1
+        if client.bucket is not None:
+            client.bucket.take(event.at)
+        if queue.gates:
+            for gate in queue.gates:
+                gate.inflight += 1
+                gate.started(event.at)
+        if job.key is not None:
+            key_gate = self._keys.get(job.key) or self._key_gate(job.key, event.at)
+            key_gate.inflight += 1
+            key_gate.started(event.at)
         self._assign_seq += 1
         self._deadlines.push(event.deadline, job, counts[_RUNNING_KEY])
 
@@ -444,6 +709,15 @@ class DispatcherState:
         # holds its slot until the worker gives it back (`Scheduler._expire`).
         if worker.credit > 0:
             worker.credit -= 1
+        # A new attempt is a start: the rate limits over the job count it (the running
+        # counts stay: the job was running already).
+        bucket = self._clients[job.client_id].bucket
+        if bucket is not None:
+            bucket.take(event.at)
+        for gate in self._queues[job.exec].gates:
+            gate.started(event.at)
+        if job.key is not None:
+            self._key_gate(job.key, event.at).started(event.at)
         self._assign_seq += 1
         self._deadlines.push(event.deadline, job, self._counts[_RUNNING_KEY])
 
@@ -519,12 +793,19 @@ class DispatcherState:
     def _unqueue(self, job: JobRecord, delayed: bool) -> None:
         """Bookkeeping for a queued job that ended without running (cancelled, expired)."""
         queue = self._queues[job.exec]
+        key_gate = None if job.key is None else self._keys.get(job.key)
         if delayed:
             # Its delay-heap entry is void now (the job is no longer queued).
             self._delayed -= 1
             queue.delayed -= 1
+        elif key_gate is not None and key_gate.holds(job):
+            key_gate.drop(job)
+            queue.limited -= 1
         else:
             queue.forget(job)
+            if key_gate is not None and key_gate.held_jobs:
+                # It may have been released for a free slot of its key: another takes it.
+                self._release_key(key_gate, job.updated_at, (job.exec, job.client_id))
         self._counts[_QUEUED_KEY] -= 1
 
     def _on_redriven(self, event: Redriven) -> None:

@@ -27,6 +27,8 @@ from dispatch.core import (
     Expired,
     JobHeartbeat,
     LeaderElected,
+    LimitRemoved,
+    LimitSet,
     Paused,
     Pruned,
     Reassigned,
@@ -100,6 +102,25 @@ class MJob:
     run_limit_at: float | None = None
     cancel_requested_at: float | None = None
     progress: dict[str, Any] | None = None
+    key: str | None = None
+
+
+Knobs = tuple[int | None, float | None, int | None]
+"""(max_inflight, rate, burst) of a limit."""
+SLACK = 1e-9
+
+
+@dataclass
+class MBucket:
+    """A token bucket: at most `burst` tokens, `rate` more per second, one per start."""
+
+    rate: float
+    burst: int
+    tokens: float
+    at: float
+
+    def level(self, now: float) -> float:
+        return min(float(self.burst), self.tokens + (now - self.at) * self.rate)
 
 
 @dataclass
@@ -133,11 +154,126 @@ class Model:
         """`by` and `reason` of the `pause`/`unpause` being absorbed."""
         self.progress_sent: dict[str, Any] | None = None
         """The (valid, normalised) report of the `heartbeat` being absorbed."""
+        self.limits: dict[tuple[str, str], LimitSet] = {}
+        """The runtime limits in force, by (scope, target), in the order they were set."""
+        self.limit_request: tuple[str | None, str, Knobs | None] = (None, "", None)
+        """`by`, `reason` and the knobs of the `set_limit`/`remove_limit` being absorbed."""
+        self.buckets: dict[tuple[str, str], MBucket] = {}
+        """Rate buckets: ("client", id), ("exec", pattern), ("key", key); made full when
+        first needed."""
+        self.starts: dict[tuple[str, str], list[float]] = {}
+        """Start times under each rate bucket since its knobs last changed."""
 
     # --- questions the rules answer -------------------------------------------------------
 
     def cap(self, client: str) -> int:
+        knobs = self.knobs("client", client)
+        if knobs is not None and knobs[0] is not None:
+            return knobs[0]
         return self.config.caps.get(client, self.config.default_cap)
+
+    def knobs(self, scope: str, target: str) -> Knobs | None:
+        """The limit in force on (scope, target): the runtime one, else the settings'."""
+        event = self.limits.get((scope, target))
+        if event is not None:
+            return (event.max_inflight, event.rate, event.burst)
+        limit = self.config.limits.get(scope, {}).get(target)
+        return None if limit is None else (limit.max_inflight, limit.rate, limit.burst)
+
+    def targets(self, scope: str) -> set[str]:
+        return set(self.config.limits.get(scope, {})) | {t for s, t in self.limits if s == scope}
+
+    def key_knobs(self, key: str) -> Knobs | None:
+        """A key's limit: its exact one, else the longest pattern it starts with."""
+        targets = self.targets("key")
+        if key in targets:
+            return self.knobs("key", key)
+        prefixes = [t[:-1] for t in targets if t.endswith("*") and key.startswith(t[:-1])]
+        return self.knobs("key", max(prefixes, key=len) + "*") if prefixes else None
+
+    def limits_over(self, job: MJob) -> list[tuple[tuple[str, str], Knobs, int]]:
+        """(bucket name, knobs, running count) of every limit over the job."""
+        running = [j for j in self.jobs.values() if j.status == "running"]
+        out: list[tuple[tuple[str, str], Knobs, int]] = []
+        knobs = self.knobs("client", job.client)
+        if knobs is not None:
+            out.append((("client", job.client), knobs, self.inflight(job.client)))
+        for pattern in sorted(self.targets("exec")):
+            if pattern_matches(pattern, job.exec):
+                count = sum(1 for j in running if pattern_matches(pattern, j.exec))
+                knobs = self.knobs("exec", pattern)
+                assert knobs is not None
+                out.append((("exec", pattern), knobs, count))
+        if job.key is not None:
+            knobs = self.key_knobs(job.key)
+            if knobs is not None:
+                count = sum(1 for j in running if j.key == job.key)
+                out.append((("key", job.key), knobs, count))
+        return out
+
+    def bucket(self, name: tuple[str, str], knobs: Knobs) -> MBucket | None:
+        _, rate, burst = knobs
+        if rate is None or burst is None:
+            return None
+        bucket = self.buckets.get(name)
+        if bucket is None:
+            bucket = self.buckets[name] = MBucket(rate, burst, float(burst), self.clock)
+        return bucket
+
+    def limits_admit(self, job: MJob, again: bool = False) -> bool:
+        """Every limit over the job has room for one more start now (`again`: the job is
+        running and counted already: a reassignment)."""
+        if again and self.inflight(job.client) - 1 >= self.cap(job.client):
+            return False
+        for name, knobs, count in self.limits_over(job):
+            if knobs[0] is not None and count - again >= knobs[0]:
+                return False
+            bucket = self.bucket(name, knobs)
+            if bucket is not None and bucket.level(self.clock) < 1 - SLACK:
+                return False
+        return True
+
+    def start(self, job: MJob) -> None:
+        """A start under the job's rate limits: take a token, and check against the start
+        history that no window held more than burst + rate * its length."""
+        for name, knobs, _ in self.limits_over(job):
+            bucket = self.bucket(name, knobs)
+            if bucket is None:
+                continue
+            bucket.tokens = bucket.level(self.clock) - 1
+            bucket.at = self.clock
+            history = self.starts.setdefault(name, [])
+            history.append(self.clock)
+            for first in history:
+                inside = sum(1 for t in history if t >= first)
+                allowed = bucket.burst + bucket.rate * (self.clock - first) + 1e-6
+                assert inside <= allowed, f"{name}: {inside} starts since {first} > {allowed}"
+
+    def retune(self, name: tuple[str, str], knobs: Knobs | None) -> None:
+        """New knobs for a bucket: the tokens stay (at most the new burst), a full one
+        stays full; no rate: no bucket."""
+        bucket = self.buckets.get(name)
+        self.starts.pop(name, None)
+        if bucket is None:
+            return
+        if knobs is None or knobs[1] is None or knobs[2] is None:
+            del self.buckets[name]
+            return
+        level = bucket.level(self.clock)
+        full = level >= min(knobs[2], bucket.burst)
+        bucket.tokens = float(knobs[2]) if full else level
+        bucket.at = self.clock
+        bucket.rate, bucket.burst = knobs[1], knobs[2]
+
+    def limit_changed(self, scope: str, target: str) -> None:
+        if scope != "key":
+            self.retune((scope, target), self.knobs(scope, target))
+            return
+        for name in [name for name in self.buckets if name[0] == "key"]:
+            bucket = self.buckets[name]
+            knobs = self.key_knobs(name[1])
+            if knobs is None or (knobs[1], knobs[2]) != (bucket.rate, bucket.burst):
+                self.retune(name, knobs)
 
     def inflight(self, client: str) -> int:
         return sum(1 for j in self.jobs.values() if j.status == "running" and j.client == client)
@@ -189,6 +325,7 @@ class Model:
             and not self.is_expired(job)
             and self.inflight(job.client) < self.cap(job.client)
             and not self.held(job)
+            and self.limits_admit(job)
         )
 
     def silent(self, worker: MWorker) -> bool:
@@ -292,6 +429,7 @@ class Model:
             expires_at=event.expires_at,
             submitted_at=event.at,
             max_run_s=event.max_run_s,
+            key=event.key,
         )
 
     def _absorb_assigned(self, event: Assigned, context: str, subject: str | None) -> None:
@@ -304,10 +442,14 @@ class Model:
         assert worker.credit > 0, "assigned to a worker without credit"
         assert self.matches(worker, job.exec), "assigned to a worker whose subjects do not match"
         assert self.inflight(job.client) < self.cap(job.client), "client over its cap"
+        assert self.limits_admit(job), f"{job.id} started beyond a limit: {self.limits}"
         best = self.best_worker(job.exec)
         assert best is not None and best.id == worker.id, f"chose {worker.id}, the rule says {best}"
         for other in self.jobs.values():
             if other.exec != job.exec or not self.servable(other) or other is job:
+                continue
+            if other.key is not None and self.key_knobs(other.key) is not None:
+                # Its key's held jobs come back to their lanes a group at a time.
                 continue
             assert other.priority <= job.priority, f"{other.id} has a higher priority"
             if other.priority == job.priority and other.client == job.client:
@@ -324,6 +466,7 @@ class Model:
         job.updated_at = event.at
         job.run_limit_at = None if job.max_run_s is None else event.at + job.max_run_s
         self._check_limit(job)
+        self.start(job)
 
     def _check_limit(self, job: MJob) -> None:
         """No deadline past the attempt's hard limit (there is no failover here)."""
@@ -340,6 +483,7 @@ class Model:
         assert self.retry_at(job, None) is None, "reassigned at once despite a retry delay"
         assert not self.is_expired(job), "an expired job starts no new attempt"
         assert not self.held(job), f"{job.id} reassigned while paused: {self.pauses}"
+        assert self.limits_admit(job, again=True), f"{job.id} reassigned beyond a limit"
         assert event.previous_worker_id == job.worker
         assert event.attempt == job.attempts + 1 <= job.max_attempts
         previous = self.workers[event.previous_worker_id]
@@ -365,6 +509,7 @@ class Model:
         job.run_limit_at = None if job.max_run_s is None else event.at + job.max_run_s
         job.progress = None
         self._check_limit(job)
+        self.start(job)
 
     def _stop(self, job: MJob, worker_id: str, alive: bool) -> None:
         assert job.status == "running" and job.worker == worker_id
@@ -395,7 +540,8 @@ class Model:
             assert reason == "timeout" and context == "tick"
             assert job.deadline is not None and job.deadline <= self.clock
             assert not self.at_time_limit(job), "a deadline at the limit is a time_limit"
-            if self.retry_at(job, None) is None and not self.is_expired(job) and not self.held(job):
+            held = self.held(job) or not self.limits_admit(job, again=True)
+            if self.retry_at(job, None) is None and not self.is_expired(job) and not held:
                 # No delay, not paused: requeued only when nobody could take it at once.
                 assert self.best_worker(job.exec, exclude=worker.id) is None
                 assert worker.credit <= 0 or not self.matches(worker, job.exec)
@@ -560,6 +706,25 @@ class Model:
         assert key in self.pauses, f"{key} resumed while not paused"
         assert event.by == self.pause_request[0]
         del self.pauses[key]
+
+    def _absorb_limit_set(self, event: LimitSet, context: str, subject: str | None) -> None:
+        key = (event.scope.value, event.target)
+        assert context == "set_limit" and subject == f"{key[0]}:{key[1]}"
+        by, reason, knobs = self.limit_request
+        assert (event.by, event.reason) == (by, reason)
+        assert (event.max_inflight, event.rate, event.burst) == knobs, (event, knobs)
+        old = self.limits.pop(key, None)
+        assert old is None or (old.max_inflight, old.rate, old.burst) != knobs, "same limit"
+        self.limits[key] = event
+        self.limit_changed(*key)
+
+    def _absorb_limit_removed(self, event: LimitRemoved, context: str, subject: str | None) -> None:
+        key = (event.scope.value, event.target)
+        assert context == "remove_limit" and subject == f"{key[0]}:{key[1]}"
+        assert key in self.limits, f"{key} removed while not in force"
+        assert event.by == self.limit_request[0]
+        del self.limits[key]
+        self.limit_changed(*key)
 
     def _absorb_worker_joined(self, event: WorkerJoined, context: str, subject: str | None) -> None:
         assert context == "join" and subject == event.worker_id

@@ -26,6 +26,7 @@ def test_a_healthy_state_passes() -> None:
         "inflight",
         "dead_letters",
         "pauses",
+        "limits",
     }
 
 
@@ -79,4 +80,25 @@ def test_a_running_job_without_its_run_limit_is_caught() -> None:
     job = d.state._jobs["a"]
     job.run_limit_at = None
     with pytest.raises(AssertionError, match="run_limit_at"):
+        check_invariants(d)
+
+
+def test_a_job_a_key_holds_counts_as_queued_and_a_wrong_limited_count_is_caught() -> None:
+    d = make()
+    d.set_limit("key", "k", T0, max_inflight=1)
+    worker(d, "w", credits=5)
+    d.submit_many([request("a", key="k"), request("b", key="k")], T0)
+    check_invariants(d)
+    check_work_conserving(d)
+    d.state._queues["image.resize"].limited += 1
+    with pytest.raises(AssertionError, match="limited count off"):
+        check_invariants(d)
+
+
+def test_a_wrong_key_running_count_is_caught() -> None:
+    d = make()
+    worker(d, "w", credits=5)
+    d.submit(request("a", key="k"), T0)
+    d.state._keys["k"].inflight += 1
+    with pytest.raises(AssertionError, match="key k"):
         check_invariants(d)

@@ -46,6 +46,9 @@ from dispatch.core import (
     JobRecord,
     JobStatus,
     LeaderElected,
+    Limit,
+    LimitRemoved,
+    LimitSet,
     Paused,
     Pruned,
     Redriven,
@@ -88,6 +91,12 @@ CONFIG = CoreConfig(
     # worker has 4 s to stop (shorter than most deadlines, longer than some).
     max_run_by_exec=(("img.crop", 20.0),),
     cancel_grace_s=4.0,
+    # Settings' limits: at most one job of each `acct:` key at once, and mail.send at most
+    # one start every 2 s (bursts of 2); runtime limits replace them.
+    limits={
+        "key": {"acct:*": Limit(max_inflight=1)},
+        "exec": {"mail.send": Limit(rate=0.5, burst=2)},
+    },
 )
 # A job's own retry policy (some fields; the rest from its exec's).
 RETRY_CHOICES = [None, None, {"delay_s": 1.0}, {"delay_s": 3.0, "jitter": 1.0}, {"delay_s": 0.0}]
@@ -163,6 +172,36 @@ PROGRESS_CHOICES: list[tuple[Any, dict[str, Any] | None, bool]] = [
     ({"done": 1, "message": "m" * (MAX_PROGRESS_MESSAGE + 1)}, None, True),
     ({"done": 1, "eta": 3}, None, True),
     (["done", 1], None, True),
+]
+# What a limit names (the last ones are invalid), and its knobs: (max_inflight, rate, burst),
+# the knobs the event carries, and whether they are refused.
+KEYS = [None, None, None, "acct:1", "acct:2", "acct:1", "vip"]
+LIMIT_TARGETS = [
+    ("client", "c2"),
+    ("client", "c3"),
+    ("client", "c9"),
+    ("exec", "img.*"),
+    ("exec", "mail.send"),
+    ("exec", ">"),
+    ("key", "acct:1"),
+    ("key", "acct:*"),
+    ("key", "*"),
+    ("key", "vip"),
+    ("key", "a*b"),
+    ("exec", "img..x"),
+    ("zone", "x"),
+]
+Knobs = tuple[int | None, float | None, int | None]
+LIMIT_KNOBS: list[tuple[tuple[Any, Any, Any], Knobs | None]] = [
+    ((1, None, None), (1, None, None)),
+    ((2, None, None), (2, None, None)),
+    ((None, 0.5, None), (None, 0.5, 1)),
+    ((None, 0.25, 2), (None, 0.25, 2)),
+    ((1, 0.2, 1), (1, 0.2, 1)),
+    ((0, None, None), None),
+    ((None, 0, None), None),
+    ((None, None, None), None),
+    ((None, None, 3), None),
 ]
 CANCEL_STATUSES = [
     frozenset({JobStatus.QUEUED, JobStatus.RUNNING}),
@@ -279,6 +318,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         retry=st.sampled_from(RETRY_CHOICES),
         ttl=st.sampled_from([None, None, 0.0, 2.0, 8.0]),
         max_run=st.sampled_from(MAX_RUN_CHOICES),
+        key=st.sampled_from(KEYS),
     )
     def submit(
         self,
@@ -292,6 +332,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         retry: dict[str, float] | None,
         ttl: float | None,
         max_run: float | None,
+        key: str | None,
     ) -> None:
         # ttl 0: an absolute expiry already passed (a record read late); the others: ttl_s.
         expires_at = self.now - 1.0 if ttl == 0.0 else None
@@ -308,6 +349,7 @@ class DispatcherMachine(RuleBasedStateMachine):
             ttl_s=ttl or None,
             expires_at=expires_at,
             max_run_s=max_run,
+            key=key,
         )
         known = job_id in self.model.jobs
         before = self.core.job(job_id)
@@ -324,6 +366,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         assert first.not_before == (self.now + delay if delay else None)
         assert first.expires_at == (self.now + ttl if ttl else expires_at)
         assert first.max_run_s == (max_run or self.model.max_run_for_exec(exec_name))
+        assert first.key == key
         if retry is None:
             assert first.retry is None
         else:
@@ -333,11 +376,15 @@ class DispatcherMachine(RuleBasedStateMachine):
         job_ids=st.lists(st.sampled_from(JOB_IDS), min_size=1, max_size=4),
         clients=st.lists(st.sampled_from(CLIENTS), min_size=4, max_size=4),
         exec_name=st.sampled_from(EXECS),
+        key=st.sampled_from(KEYS),
     )
-    def submit_batch(self, job_ids: list[str], clients: list[str], exec_name: str) -> None:
-        """Several jobs, one assignment pass: the pass must still pick workers by the rule."""
+    def submit_batch(
+        self, job_ids: list[str], clients: list[str], exec_name: str, key: str | None
+    ) -> None:
+        """Several jobs, one assignment pass: the pass must still pick workers by the rule
+        (and, with a key, start no more of them than the key's limit allows)."""
         requests = [
-            SubmitRequest(id=job_id, exec=exec_name, payload=n, client_id=clients[n])
+            SubmitRequest(id=job_id, exec=exec_name, payload=n, client_id=clients[n], key=key)
             for n, job_id in enumerate(job_ids)
         ]
         fresh = list(dict.fromkeys(job_id for job_id in job_ids if job_id not in self.model.jobs))
@@ -714,6 +761,62 @@ class DispatcherMachine(RuleBasedStateMachine):
             # Whatever it held and can start now, starts (checked by the model: the pass
             # is work-conserving for what is not paused).
 
+    @rule(
+        what=st.sampled_from(LIMIT_TARGETS),
+        knobs=st.sampled_from(LIMIT_KNOBS),
+        by=st.sampled_from(CANCEL_BY),
+        reason=st.sampled_from(["", "noisy"]),
+    )
+    def set_limit(
+        self,
+        what: tuple[str, str],
+        knobs: tuple[tuple[Any, Any, Any], Knobs | None],
+        by: str | None,
+        reason: str,
+    ) -> None:
+        scope, target = what
+        (max_inflight, rate, burst), expected = knobs
+        before = self.model.limits.get(what)
+        self.model.limit_request = (by, reason, expected)
+        result = self.run(
+            "set_limit",
+            f"{scope}:{target}",
+            lambda: self.core.set_limit(
+                scope, target, self.now, max_inflight=max_inflight, rate=rate, burst=burst,
+                by=by, reason=reason,
+            ),
+        )  # fmt: skip
+        if what in LIMIT_TARGETS[-3:] or expected is None:
+            assert isinstance(result, Rejected) and result.code is RejectCode.INVALID, result
+            return
+        assert isinstance(result, list)
+        same = before is not None and (before.max_inflight, before.rate, before.burst) == expected
+        assert [type(e) for e in result[:1]] == ([] if same else [LimitSet])
+        assert what in self.model.limits
+
+    @precondition(lambda self: bool(self.model.limits))
+    @rule(pick=st.integers(0, 5))
+    def remove_one_limit_in_force(self, pick: int) -> None:
+        in_force = list(self.model.limits)
+        self.remove_limit(in_force[pick % len(in_force)], "ops")
+
+    @rule(what=st.sampled_from(LIMIT_TARGETS), by=st.sampled_from(CANCEL_BY))
+    def remove_limit(self, what: tuple[str, str], by: str | None) -> None:
+        scope, target = what
+        was_set = what in self.model.limits
+        self.model.limit_request = (by, "", None)
+        result = self.run(
+            "remove_limit",
+            f"{scope}:{target}",
+            lambda: self.core.remove_limit(scope, target, self.now, by=by),
+        )
+        if what in LIMIT_TARGETS[-3:]:
+            assert isinstance(result, Rejected) and result.code is RejectCode.INVALID, result
+            return
+        assert isinstance(result, list)
+        assert [type(e) for e in result[:1]] == ([LimitRemoved] if was_set else [])
+        assert what not in self.model.limits
+
     # --- time and leadership --------------------------------------------------------------
 
     @rule(dt=st.sampled_from([0.5, 3.0, 6.0, 11.0, 26.0, 31.0]))
@@ -757,7 +860,10 @@ class DispatcherMachine(RuleBasedStateMachine):
     @invariant()
     def indexes_agree_with_records(self) -> None:
         check_invariants(self.core)
-        check_caps(self.core)
+        if not self.model.limits:
+            # A lowered limit lets what runs go on above it (nothing new starts: the model
+            # checks every start).
+            check_caps(self.core)
 
     @invariant()
     def core_agrees_with_model(self) -> None:
@@ -803,6 +909,13 @@ class DispatcherMachine(RuleBasedStateMachine):
         assert self.core.pauses() == list(self.model.pauses.values())
 
     @invariant()
+    def limits_agree_with_model(self) -> None:
+        assert self.core.limits() == list(self.model.limits.values())
+        for view in self.core.limit_views():
+            knobs = self.model.knobs(view["scope"], view["target"])
+            assert knobs == (view["max_inflight"], view["rate"], view["burst"]), view
+
+    @invariant()
     def replay_gives_the_same_state(self) -> None:
         check_invariants(self.replica)
         assert state_view(self.replica) == state_view(self.core)
@@ -821,10 +934,11 @@ class DispatcherMachine(RuleBasedStateMachine):
             workers=[WorkerRecord.from_dict(w.to_dict()) for w in self.core.workers()],
             epoch=self.core.epoch,
             pauses=self.core.pauses(),
+            limits=self.core.limits(),
         )
         check_invariants(restored)
         mine, theirs = state_view(self.core), state_view(restored)
-        for key in ("epoch", "jobs", "workers", "inflight", "pauses"):
+        for key in ("epoch", "jobs", "workers", "inflight", "pauses", "limits"):
             assert mine[key] == theirs[key], key
         # Jobs dead-lettered at the same instant may be listed in another order.
         assert sorted(mine["dead_letters"]) == sorted(theirs["dead_letters"])
@@ -834,6 +948,8 @@ class DispatcherMachine(RuleBasedStateMachine):
         cancelled or expired."""
         for scope, target in list(self.model.pauses):
             self.unpause((scope, target), None)
+        for scope, target in list(self.model.limits):
+            self.remove_limit((scope, target), None)
         self.join("drain", ("job.>",), "k-drain")
         for _ in range(100):
             if all(job.is_terminal for job in self.core.jobs()):

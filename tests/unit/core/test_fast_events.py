@@ -29,6 +29,7 @@ def test_fast_factories_build_the_same_events_as_the_constructors() -> None:
             enqueued.retry,
             enqueued.expires_at,
             enqueued.max_run_s,
+            enqueued.key,
         )
         == enqueued
     )

@@ -159,9 +159,19 @@ class RateBucket:
         self.tokens -= 1.0
 
     def ready_at(self, now: float) -> float:
-        """When the level reaches 1 (now if it has)."""
+        """The first time at which the bucket admits a start (now if it does). Computed,
+        then moved up a float step at a time until `admits` agrees: at unix times a step is
+        ~2e-7 s, and a wake-up computed a step early would find the bucket just short of a
+        token and ask for the same time again, forever."""
         level = self.level(now)
-        return now if level >= 1.0 - TOKEN_SLACK else now + (1.0 - level) / self.rate
+        if level >= 1.0 - TOKEN_SLACK:
+            return now
+        at = now + (1.0 - level) / self.rate
+        for _ in range(1_000):
+            if self.admits(at):
+                return at
+            at = math.nextafter(at, math.inf)
+        return at + 1e-3  # unreachable with finite numbers; never a busy loop
 
     def retune(self, rate: float, burst: int, now: float) -> None:
         """New knobs from `now` on: the tokens held so far stay (at most the new burst); a

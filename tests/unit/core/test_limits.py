@@ -163,6 +163,22 @@ def test_an_exec_limit_is_one_budget_over_every_exec_its_pattern_matches() -> No
     check_work_conserving(core)
 
 
+@pytest.mark.parametrize("start", [0.0, 1_700_000_000.0, 4_000_000_000.0])
+def test_the_wake_up_for_a_token_starts_a_job_whatever_the_clock(start: float) -> None:
+    """At unix times a float step is ~2e-7 s: the time asked for must be one at which the
+    bucket has its token, or a leader (or a replay) would ask for it again forever."""
+    core = make()
+    worker(core, "w", credits=100, now=start)
+    core.set_limit("client", "c", start, rate=50.0, burst=1)
+    core.submit_many([request(f"j{n}", client_id="c") for n in range(4)], start)
+    started = 1
+    for _ in range(3):
+        wake = core.next_timer_at()
+        assert wake is not None
+        started += len(assigned_ids(core.tick(wake)))
+    assert started == 4
+
+
 def test_a_timed_out_attempt_is_requeued_not_reassigned_when_its_limit_has_no_room() -> None:
     core = make(ack_timeout_s=5.0)
     worker(core, "w", credits=10)

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m dispatch.bench.fairness_bench                       # the defaults below
     .venv/bin/python -m dispatch.bench.fairness_bench --light 4 --rate 1 --flood-factor 100 --json
+    .venv/bin/python -m dispatch.bench.fairness_bench --scenario limit --limit-rate 50
 
 A discrete-event simulation on a virtual clock (no Kafka, no HTTP, no wall time): Poisson
 arrivals per tenant, a fleet of `--workers` workers with `--slots` slots each, every job
@@ -15,7 +16,15 @@ arrivals and run times go through three runs:
   code the leader runs;
 - **FIFO**: the flood added, through one first-in-first-out queue: what a queue without
   per-tenant fairness does with the same work (Celery's, Dramatiq's and Sidekiq's queues
-  serve a queue in arrival order).
+  serve a queue in arrival order);
+- **limited**: the flood added, scheduled by the pure core with a runtime rate limit on the
+  flooding tenant (`Dispatcher.set_limit("client", "flood", 0.0, rate=--limit-rate)`, burst
+  its default) and none on the others: the flood's start rate over the run against its
+  limit, and the light tenants' waits against the solo run's.
+
+`--scenario flood` runs the first three, `--scenario limit` solo and limited, `all` (the
+default) the four. The core's timers (a rate limit's next token) are served by a `tick` at
+`Dispatcher.next_timer_at()`, as the leader's loop does.
 
 With the flood above the fleet's capacity, the backlog grows all run long; each run reports,
 per tenant class, the queue waits of the jobs that started (p50/p95/p99) and how many jobs
@@ -63,6 +72,8 @@ class Workload:
     run_s: float = 0.5
     duration_s: float = 300.0
     seed: int = 1
+    limit_rate: float = 50.0
+    """The flooding tenant's rate limit (starts per second) in the limited run."""
 
     @property
     def capacity(self) -> float:
@@ -125,13 +136,19 @@ Run = dict[str, list[float]]
 jobs still queued at the end."""
 
 
-def run_dispatcher(workload: Workload, arrivals: Sequence[Arrival]) -> Run:
+def run_dispatcher(
+    workload: Workload, arrivals: Sequence[Arrival], flood_rate_limit: float | None = None
+) -> Run:
     """The arrivals through the pure core, a worker's slot freed (acked, one credit given
-    back) when its job's run time is over."""
+    back) when its job's run time is over; with `flood_rate_limit`, a runtime rate limit on
+    the flooding tenant from the start, its next tokens served by ticks at the core's
+    `next_timer_at`."""
     core = Dispatcher(
         CoreConfig(worker_expiry_s=None, ack_timeout_s=3600.0, max_ack_timeout_s=3600.0),
         lease_token=seeded_lease_tokens(workload.seed),
     )
+    if flood_rate_limit is not None:
+        core.set_limit("client", FLOOD, 0.0, rate=flood_rate_limit, by="bench")
     by_id = {arrival.job_id: arrival for arrival in arrivals}
     waits: Run = {}
     finishing: list[tuple[float, str, str, int, str]] = []  # (at, job, worker, attempt, lease)
@@ -157,8 +174,20 @@ def run_dispatcher(workload: Workload, arrivals: Sequence[Arrival]) -> Run:
         core.join(worker_id, ["job.assign.>"], 0.0)
         started(core.grant_credit(worker_id, workload.slots, 0.0), 0.0)
     pending = deque(arrivals)
+    ticked_at = -1.0
     while pending or finishing:
-        if finishing and (not pending or finishing[0][0] <= pending[0].at):
+        timer = core.next_timer_at()
+        if (
+            timer is not None
+            and timer < workload.duration_s
+            and (not pending or timer < pending[0].at)
+            and (not finishing or timer < finishing[0][0])
+        ):
+            if timer <= ticked_at:
+                raise RuntimeError(f"the core's next timer stays at {timer!r} after a tick there")
+            ticked_at = timer
+            started(core.tick(timer), timer)
+        elif finishing and (not pending or finishing[0][0] <= pending[0].at):
             at, job_id, worker_id, attempt, lease = heapq.heappop(finishing)
             if at >= workload.duration_s:
                 break
@@ -227,12 +256,45 @@ def classes(run: Run) -> dict[str, Waits]:
     return found
 
 
-def measure(workload: Workload) -> dict[str, dict[str, Waits]]:
+SCENARIOS = ("all", "flood", "limit")
+
+
+def measure(workload: Workload, scenario: str = "all") -> dict[str, dict[str, Waits]]:
+    """The runs of a scenario: `flood` solo, round-robin and FIFO; `limit` solo and limited;
+    `all` the four."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario: one of {', '.join(SCENARIOS)}, got {scenario!r}")
     flooded = workload.arrivals(flood=True)
+    out = {"solo": classes(run_dispatcher(workload, workload.arrivals(flood=False)))}
+    if scenario in ("all", "flood"):
+        out["round_robin"] = classes(run_dispatcher(workload, flooded))
+        out["fifo"] = classes(run_fifo(workload, flooded))
+    if scenario in ("all", "limit"):
+        out["limited"] = classes(run_dispatcher(workload, flooded, workload.limit_rate))
+    return out
+
+
+RATE_TOLERANCE = 0.05
+"""How far the limited flood's start rate may be from its limit (a fraction of it)."""
+
+
+def limit_summary(
+    workload: Workload, results: dict[str, dict[str, Waits]]
+) -> dict[str, float | int | bool]:
+    """The limited run against its limit and the solo run: the flood's starts per second
+    over the run, its ratio to the limit, and the light tenants' waits minus solo's."""
+    limited, solo = results["limited"], results["solo"]["light"]
+    achieved = limited[FLOOD].started / workload.duration_s
+    light = limited["light"]
     return {
-        "solo": classes(run_dispatcher(workload, workload.arrivals(flood=False))),
-        "round_robin": classes(run_dispatcher(workload, flooded)),
-        "fifo": classes(run_fifo(workload, flooded)),
+        "limit_rate": workload.limit_rate,
+        "achieved_rate": round(achieved, 3),
+        "achieved_over_limit": round(achieved / workload.limit_rate, 4),
+        "within_tolerance": abs(achieved / workload.limit_rate - 1) <= RATE_TOLERANCE,
+        "light_p50_over_solo_s": round(light.p50 - solo.p50, 3),
+        "light_p95_over_solo_s": round(light.p95 - solo.p95, 3),
+        "light_p99_over_solo_s": round(light.p99 - solo.p99, 3),
+        "light_started_over_solo": light.started - solo.started,
     }
 
 
@@ -253,11 +315,24 @@ def render(workload: Workload, results: dict[str, dict[str, Waits]]) -> str:
                 f"{waits.p50:>9.3f} {waits.p95:>9.3f} {waits.p99:>9.3f}"
             )
     solo = results["solo"]["light"].p99
-    fair, fifo = results["round_robin"]["light"].p99, results["fifo"]["light"].p99
-    lines.append(
-        f"light tenants' p99 queue wait: solo {solo:.3f} s; with the flood, round-robin "
-        f"{fair:.3f} s (+{fair - solo:.3f} s), FIFO {fifo:.3f} s (+{fifo - solo:.3f} s)"
-    )
+    if "round_robin" in results:
+        fair, fifo = results["round_robin"]["light"].p99, results["fifo"]["light"].p99
+        lines.append(
+            f"light tenants' p99 queue wait: solo {solo:.3f} s; with the flood, round-robin "
+            f"{fair:.3f} s (+{fair - solo:.3f} s), FIFO {fifo:.3f} s (+{fifo - solo:.3f} s)"
+        )
+    if "limited" in results:
+        summary = limit_summary(workload, results)
+        verdict = "within" if summary["within_tolerance"] else "OUTSIDE"
+        over = {k: summary[f"light_{k}_over_solo_s"] for k in ("p50", "p95", "p99")}
+        lines += [
+            f"limited: the flood rate-limited to {workload.limit_rate:g}/s started "
+            f"{summary['achieved_rate']:.3f}/s over the run ({summary['achieved_over_limit']:.4f}"
+            f" x its limit, {verdict} +-{RATE_TOLERANCE:.0%})",
+            f"light tenants' queue wait, limited flood against solo: p50 {over['p50']:+.3f} s, "
+            f"p95 {over['p95']:+.3f} s, p99 {over['p99']:+.3f} s; started "
+            f"{summary['light_started_over_solo']:+d}",
+        ]
     return "\n".join(lines)
 
 
@@ -274,18 +349,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-s", type=float, default=defaults.run_s, help="mean run time")
     parser.add_argument("--duration", type=float, default=defaults.duration_s, help="virtual s")
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--limit-rate", type=float, default=defaults.limit_rate,
+        help="the flood's rate limit in the limited run (starts/s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scenario", choices=SCENARIOS, default="all",
+        help="flood: solo, round-robin, FIFO; limit: solo, limited; all: the four",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="one JSON document instead")
     args = parser.parse_args(argv)
     workload = Workload(
         args.light, args.rate, args.flood_factor, args.workers, args.slots, args.run_s,
-        args.duration, args.seed,
+        args.duration, args.seed, args.limit_rate,
     )  # fmt: skip
-    results = measure(workload)
+    results = measure(workload, args.scenario)
     if args.json:
-        document = {
+        document: dict[str, object] = {
             "workload": asdict(workload),
             "results": {run: {k: asdict(v) for k, v in by.items()} for run, by in results.items()},
         }
+        if "limited" in results:
+            document["limit"] = limit_summary(workload, results)
         print(json.dumps(document, indent=1))
     else:
         print(render(workload, results))

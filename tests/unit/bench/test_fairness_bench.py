@@ -3,6 +3,7 @@ a FIFO queue does not, and the same seed gives the same figures."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -11,6 +12,7 @@ from dispatch.bench.fairness_bench import (
     FLOOD,
     Workload,
     classes,
+    limit_summary,
     main,
     measure,
     percentile,
@@ -69,3 +71,34 @@ def test_the_command_prints_the_comparison(capsys: pytest.CaptureFixture[str]) -
     printed = capsys.readouterr().out
     assert "round_robin  light" in printed and "fifo         flood" in printed
     assert "light tenants' p99 queue wait: solo" in printed
+
+
+def test_a_rate_limited_flood_starts_at_its_limit_and_leaves_the_others_their_waits() -> None:
+    limited = replace(OVERLOADED, duration_s=120.0, limit_rate=8.0)
+    results = measure(limited, "limit")
+    assert set(results) == {"solo", "limited"}
+    summary = limit_summary(limited, results)
+    # 50 jobs/s offered against 8/s allowed: the flood starts at its limit (plus one burst).
+    assert summary["within_tolerance"] and abs(summary["achieved_over_limit"] - 1) < 0.02
+    assert results["limited"][FLOOD].waiting_at_end > 1_000
+    # The fleet (16/s) has room beside 8/s: the light tenants barely notice the flood.
+    light, solo = results["limited"]["light"], results["solo"]["light"]
+    assert light.started + light.waiting_at_end == solo.started  # the same arrivals
+    assert light.waiting_at_end <= 1  # at most one that arrived in the run's last moment
+    assert summary["light_p99_over_solo_s"] < 2 * limited.run_s
+
+
+def test_the_limited_run_is_in_the_default_output_and_can_be_picked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["--light", "2", "--duration", "20", "--workers", "2", "--slots", "2"]
+    assert main([*args, "--limit-rate", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "round_robin  light" in printed and "limited      flood" in printed
+    assert "the flood rate-limited to 3/s started" in printed
+    assert main([*args, "--limit-rate", "3", "--scenario", "limit", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert set(document["results"]) == {"solo", "limited"}
+    assert document["limit"]["limit_rate"] == 3.0 and document["workload"]["limit_rate"] == 3.0
+    with pytest.raises(ValueError, match="scenario"):
+        measure(OVERLOADED, "nope")

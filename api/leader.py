@@ -356,6 +356,7 @@ class Leader:
                 epoch=snapshot.fence_epoch,
                 owned=True,
                 pauses=snapshot.pauses,
+                limits=snapshot.limits,
             )
             start = snapshot.offsets
             self.rebuilt_from = f"snapshot v{snapshot.version} ({len(snapshot.jobs)} jobs)"

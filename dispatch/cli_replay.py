@@ -78,7 +78,11 @@ def replay(
             help="A setting for the replay, key=value (repeatable): dispatcher.default_cap=50, "
             "dispatcher.caps.acme=10, dispatcher.ack_timeout_s=5, dispatcher.max_run_s=600, "
             "jobs.exec_priority.EXEC=3, dispatcher.pause.exec.PATTERN=true (held for the whole "
-            "replay; false: never), dispatcher.pause.client.CLIENT=true...",
+            "replay; false: never), dispatcher.pause.client.CLIENT=true, "
+            "dispatcher.limits.client.CLIENT.rate=50, "
+            "dispatcher.limits.exec.PATTERN.max_inflight=4, "
+            "dispatcher.limits.key.PREFIX*.max_inflight=1 (the recorded runtime limits of that "
+            "target are left out)...",
         ),
     ] = None,
     workers: Annotated[

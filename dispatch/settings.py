@@ -26,7 +26,16 @@ from pydantic_settings import (
 )
 
 from dispatch import storage
+from dispatch.core.commands import MAX_EXEC_LENGTH
 from dispatch.core.config import CoreConfig
+from dispatch.core.limits import (
+    MAX_BURST,
+    MAX_INFLIGHT,
+    MAX_RATE,
+    Limit,
+    LimitScope,
+    check_target,
+)
 from dispatch.core.retry import MAX_RETRY_DELAY_S, RetryPolicy
 from dispatch.core.subjects import compile_pattern
 
@@ -377,8 +386,47 @@ class ApiSettings(_Section):
         return value
 
 
+LIMIT_SCOPES = tuple(scope.value for scope in LimitScope)
+"""The scopes of a limit: `client` (a client id), `exec` (an exec pattern), `key` (a
+concurrency key or key pattern)."""
+
+
+class LimitSettings(_Section):
+    """One limit of `[dispatcher.limits.<scope>.<target>]`: at least one of the two knobs."""
+
+    max_inflight: int | None = Field(None, ge=1, le=MAX_INFLIGHT)
+    """Jobs running at once."""
+    rate: float | None = Field(None, gt=0, le=MAX_RATE)
+    """Starts (assignments) per second, a token bucket ..."""
+    burst: int | None = Field(None, ge=1, le=MAX_BURST)
+    """... holding this many tokens (default: max(1, ceil(rate))); only with a rate."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> LimitSettings:
+        self.limit()  # the core's own checks (ValueError naming the knob)
+        return self
+
+    def limit(self) -> Limit:
+        """The core's `Limit` (a rate's default burst filled in)."""
+        return Limit.checked(self.max_inflight, self.rate, self.burst)
+
+
+def check_limit_target(scope: str, target: str) -> str:
+    """A limit's target as its scope wants it (the core's rules), or ValueError saying why:
+    a client id; an exec pattern (`*` one token, a final `>` one or more); a concurrency key
+    of at most MAX_KEY_LENGTH characters without control characters or `*`, or a key pattern
+    ending in `*` (each key with that prefix; `*` alone: every key)."""
+    try:
+        kind = LimitScope(scope)
+    except ValueError:
+        raise ValueError(
+            f"unknown scope {scope!r}, expected one of {', '.join(LIMIT_SCOPES)}"
+        ) from None
+    return check_target(kind, target, MAX_EXEC_LENGTH)
+
+
 class DispatcherSettings(_Section):
-    """The dispatcher's policy: caps, deadlines, retries (docs/core.md)."""
+    """The dispatcher's policy: caps, deadlines, retries, limits (docs/core.md)."""
 
     group: str = Field("default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     """The dispatcher group: one group has one lease, one leader and one events partition."""
@@ -440,6 +488,14 @@ class DispatcherSettings(_Section):
     cancel_grace_s: float = Field(30.0, gt=0)
     """A cancelled running job's worker is told to stop; the job ends `cancelled` when the
     worker confirms, or this long after the cancel, whichever is first."""
+    limits: dict[str, dict[str, LimitSettings]] = Field(default_factory=dict)
+    """Limits by scope and target: `[dispatcher.limits.<scope>."<target>"]` with
+    `max_inflight` (jobs running at once), `rate` (starts per second) and `burst` (the rate's
+    bucket; default max(1, ceil(rate))), at least one of the first two. Scopes: `client` (a
+    client id; its `max_inflight` replaces its cap), `exec` (an exec pattern, one budget
+    shared by every exec it matches), `key` (a job's concurrency key, or a pattern ending in
+    `*` budgeting each matching key apart). A runtime limit (`PUT /v1/limits/...`) of the
+    same scope and target replaces one set here until it is removed."""
 
     @field_validator("max_run_by_exec")
     @classmethod
@@ -454,6 +510,31 @@ class DispatcherSettings(_Section):
                     f"max_run_by_exec[{pattern!r}]: expected seconds in (0, {MAX_RETRY_DELAY_S:g}]"
                 )
         return value
+
+    @field_validator("limits")
+    @classmethod
+    def _limit_targets(
+        cls, value: dict[str, dict[str, LimitSettings]]
+    ) -> dict[str, dict[str, LimitSettings]]:
+        for scope, targets in value.items():
+            if scope not in LIMIT_SCOPES:
+                raise ValueError(
+                    f"limits.{scope}: unknown scope, expected one of {', '.join(LIMIT_SCOPES)}"
+                )
+            for target in targets:
+                try:
+                    check_limit_target(scope, target)
+                except ValueError as error:
+                    raise ValueError(f"limits.{scope}[{target!r}]: {error}") from None
+        return value
+
+    def core_limits(self) -> dict[str, dict[str, Limit]]:
+        """`limits` as the core takes them: scope -> target -> `Limit`."""
+        return {
+            scope: {target: limit.limit() for target, limit in targets.items()}
+            for scope, targets in self.limits.items()
+            if targets
+        }
 
     @field_validator("caps")
     @classmethod
@@ -501,6 +582,7 @@ class DispatcherSettings(_Section):
             max_run_s=self.max_run_s or None,
             max_run_by_exec=tuple(self.max_run_by_exec.items()),
             cancel_grace_s=self.cancel_grace_s,
+            limits=self.core_limits(),
         )
 
     @model_validator(mode="after")

@@ -6,8 +6,9 @@ table does):
 1. `events` append (bronze), 2. `rejected` append, 3. `stats_partial` append, 4. in a batch
 with `pruned` events: `jobs_archive` append, then a `jobs` MERGE deleting the pruned rows,
 5. in a batch with `paused`/`resumed` events: the `pauses` table rewritten whole
-(`dispatch.delta.pauses`), 6. the `jobs` MERGE of the folded states, with the batch's
-`Progress` (offsets, fence epochs).
+(`dispatch.delta.pauses`); in a batch with `limit_set`/`limit_removed` events: the `limits`
+table rewritten whole (`dispatch.delta.limits`), 6. the `jobs` MERGE of the folded states,
+with the batch's `Progress` (offsets, fence epochs).
 
 The batch is folded on Spark's executors, partitioned by job (`dispatch.streaming.executor_plan`),
 or, with `fold_on="driver"`, collected to the driver and folded there (`_plan`); either way the
@@ -38,7 +39,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ import pyarrow.compute as pc
 from dispatch.core.events import Event, JobEvent
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import CLOSED, OPEN, JobKey, JobState, job_row, job_state
+from dispatch.delta.limits import LimitRows, apply_limits, arrow_limits, is_limit_event, limits_at
 from dispatch.delta.pauses import PauseRows, apply_pauses, arrow_pauses, is_pause_event, pauses_at
 from dispatch.delta.progress import BATCH, PRUNE, Committed, Offsets, Progress, latest_progress_of
 from dispatch.delta.stats import MinuteStats, StatsKey
@@ -240,17 +242,14 @@ def _read_partition(table: DeltaTable, part: str, ids: pa.Array) -> pa.Table:
     return found.select(_JOB_COLUMNS).cast(t.SCHEMAS[t.JOBS])
 
 
-def pause_events(
-    logged: Sequence[LoggedEvent], admitted: Sequence[bool]
+def control_events(
+    logged: Sequence[LoggedEvent], admitted: Sequence[bool], chosen: Callable[[Event], bool]
 ) -> list[tuple[str, Event]]:
-    """The admitted `paused` and `resumed` events with their groups, in log order."""
-    chosen = [
-        entry
-        for entry, ok in zip(logged, admitted, strict=True)
-        if ok and is_pause_event(entry.event)
-    ]
-    chosen.sort(key=lambda entry: (entry.partition, entry.offset, entry.index))
-    return [(entry.group, entry.event) for entry in chosen]
+    """The admitted events `chosen` keeps (`paused` and `resumed`: `is_pause_event`;
+    `limit_set` and `limit_removed`: `is_limit_event`) with their groups, in log order."""
+    kept = [entry for entry, ok in zip(logged, admitted, strict=True) if ok and chosen(entry.event)]
+    kept.sort(key=lambda entry: (entry.partition, entry.offset, entry.index))
+    return [(entry.group, entry.event) for entry in kept]
 
 
 class BatchWriter:
@@ -289,6 +288,8 @@ class BatchWriter:
         self._open: OpenJobs | None = None
         self._pauses: PauseRows | None = None
         """The pauses in force at the offsets `jobs` covers (see `dispatch.delta.pauses`)."""
+        self._limits: LimitRows | None = None
+        """The runtime limits in force at the offsets `jobs` covers (`dispatch.delta.limits`)."""
         self.open_jobs_loads = 0
         """How many times the open partition was read whole into the cache."""
         self.last: BatchTimings | None = None
@@ -358,6 +359,7 @@ class BatchWriter:
             self._positions = None
             self._open = None
             self._pauses = None
+            self._limits = None
             raise
 
     def _process(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -483,7 +485,7 @@ class BatchWriter:
             self._write_prunes(spark, batch_id, end, planned)
         timings.prune_s = time.perf_counter() - mark
 
-        pauses = self._write_pauses(batch_id, end, planned.pauses)
+        controls = self._write_controls(batch_id, end, planned)
 
         mark = time.perf_counter()
         positions.fence = planned.fence_after
@@ -495,8 +497,7 @@ class BatchWriter:
             self._spark_merge_jobs(spark, batch_id, end, on_executors)
         for name in positions.tables:
             positions.tables[name] = end
-        if pauses is not None:
-            self._pauses = pauses
+        self._keep_controls(*controls)
         timings.jobs_merge_s = time.perf_counter() - mark
 
         if self.rollup is not None and self.rollup.due():
@@ -518,6 +519,23 @@ class BatchWriter:
             EXECUTORS if timings.on_executors else DRIVER, timings.fold_s, timings.jobs_merge_s,
         )  # fmt: skip
         return timings
+
+    def _write_controls(
+        self, batch_id: int, end: Offsets, planned: Planned
+    ) -> tuple[PauseRows | None, LimitRows | None]:
+        """Rewrite `pauses` and `limits` if the batch changes them (before the `jobs` commit):
+        the pauses and the runtime limits in force after the batch (None: unchanged)."""
+        return (
+            self._write_pauses(batch_id, end, planned.pauses),
+            self._write_limits(batch_id, end, planned.limits),
+        )
+
+    def _keep_controls(self, pauses: PauseRows | None, limits: LimitRows | None) -> None:
+        """Once `jobs` covers the batch: its pauses and limits are those in force."""
+        if pauses is not None:
+            self._pauses = pauses
+        if limits is not None:
+            self._limits = limits
 
     def pauses_in_force(self) -> PauseRows:
         """The pauses in force at the offsets `jobs` covers: read from `pauses` once, then kept
@@ -545,6 +563,32 @@ class BatchWriter:
         )
         return pauses
 
+    def limits_in_force(self) -> LimitRows:
+        """The runtime limits in force at the offsets `jobs` covers: read from `limits` once,
+        then kept up to date by the batches."""
+        if self._limits is None:
+            covered = self.positions().tables[t.JOBS].get(self.topics.events, {})
+            self._limits = limits_at(self.warehouse, self.topics.events, covered)
+        return self._limits
+
+    def _write_limits(
+        self, batch_id: int, end: Offsets, events: Sequence[tuple[str, Event]]
+    ) -> LimitRows | None:
+        """Rewrite `limits` with the batch's limits set and removed applied, before the `jobs`
+        commit (the runtime limits in force after the batch; None: the batch has none)."""
+        if not events:
+            return None
+        limits = dict(self.limits_in_force())
+        apply_limits(limits, events)
+        self.commits.overwrite(
+            t.LIMITS,
+            arrow_limits(limits),
+            app_id=self.app_id,
+            version=batch_id,
+            metadata=self._progress(batch_id, end).to_json(),
+        )
+        return limits
+
     def planned(self, batch_id: int, plan: _Plan) -> Planned:
         """The rows a batch folded on the driver writes."""
         closed_touched: list[JobKey] = []
@@ -561,7 +605,8 @@ class BatchWriter:
             prunes=plan.fold.prunes,
             touched=plan.touched if plan.fold.prunes else set(),
             closed_touched=closed_touched,
-            pauses=pause_events(plan.logged, plan.admitted),
+            pauses=control_events(plan.logged, plan.admitted, is_pause_event),
+            limits=control_events(plan.logged, plan.admitted, is_limit_event),
             events_count=len(plan.logged),
             skipped_records=skipped,
             first_reason=first,

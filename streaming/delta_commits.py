@@ -66,8 +66,9 @@ class DeltaCommits:
     def overwrite(
         self, name: str, rows: pa.Table, *, app_id: str, version: int, metadata: str
     ) -> bool:
-        """Replace the whole table by `rows` (for the small `pauses` table), as `append` does
-        otherwise: False (nothing written) when that commit is already in the table."""
+        """Replace the whole table by `rows` (for the small `pauses` and `limits` tables), as
+        `append` does otherwise: False (nothing written) when that commit is already in the
+        table."""
         from deltalake import write_deltalake
 
         table = self.table(name)

@@ -39,7 +39,15 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dispatch.core.events import Event, LeaderElected, Paused, Pruned, Resumed
+from dispatch.core.events import (
+    Event,
+    LeaderElected,
+    LimitRemoved,
+    LimitSet,
+    Paused,
+    Pruned,
+    Resumed,
+)
 from dispatch.core.fence import EpochFence
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import OPEN, JobKey
@@ -80,7 +88,9 @@ if TYPE_CHECKING:
 
     from dispatch.streaming.batch import BatchWriter
 
-_CONTROL_TYPES = (LeaderElected.type, Pruned.type, Paused.type, Resumed.type)
+_CONTROL_TYPES = (
+    LeaderElected.type, Pruned.type, Paused.type, Resumed.type, LimitSet.type, LimitRemoved.type,
+)  # fmt: skip
 _GROUP_ROW = "group"
 """`kind` of the rows naming the groups a batch's events belong to (not an `events` kind)."""
 Place = tuple[int, int, int]
@@ -156,6 +166,8 @@ class Fence:
     after: dict[str, int]
     pauses: list[tuple[str, Event]] = field(default_factory=list)
     """The admitted `paused` and `resumed` events with their groups, in log order."""
+    limits: list[tuple[str, Event]] = field(default_factory=list)
+    """The admitted `limit_set` and `limit_removed` events with their groups, in log order."""
 
     def admitted(self) -> Column:
         """True for an event the fence admits (its epoch is not below its group's fence at its
@@ -174,15 +186,16 @@ class Fence:
 def run_fence(
     before: Mapping[str, int], groups: Iterable[str], control: Sequence[Mapping[str, Any]]
 ) -> tuple[Fence, list[PruneEvent]]:
-    """The fence over the batch's elections, prunes, pauses and resumes (`control`: their
-    `events` rows), and the admitted prunes (the admitted pauses and resumes are in the
-    `Fence`)."""
+    """The fence over the batch's elections, prunes, pauses, resumes and limits (`control`:
+    their `events` rows), and the admitted prunes (the admitted pauses, resumes and limits
+    are in the `Fence`)."""
     fences = {group: EpochFence(epoch) for group, epoch in before.items()}
     for group in groups:
         fences.setdefault(group, EpochFence())
     raised: dict[str, list[tuple[Place, int]]] = {}
     prunes: list[PruneEvent] = []
     pauses: list[tuple[str, Event]] = []
+    limits: list[tuple[str, Event]] = []
     for row in sorted(control, key=lambda row: (row["partition"], row["offset"], row["idx"])):
         logged = logged_event(row)
         fence = fences.setdefault(logged.group, EpochFence())
@@ -195,8 +208,10 @@ def run_fence(
             prunes.append(PruneEvent(*place, logged.group, logged.record_epoch, row["body"]))
         elif isinstance(logged.event, Paused | Resumed):
             pauses.append((logged.group, logged.event))
+        elif isinstance(logged.event, LimitSet | LimitRemoved):
+            limits.append((logged.group, logged.event))
     after = {group: fence.epoch for group, fence in fences.items()}
-    return Fence(dict(before), raised, after, pauses), prunes
+    return Fence(dict(before), raised, after, pauses, limits), prunes
 
 
 def plan_on_executors(writer: BatchWriter, batch_df: DataFrame, batch_id: int) -> Planned:
@@ -398,6 +413,7 @@ def _plan(
         jobs_source=JOBS_SOURCE.empty_table(),
         fence_after=fence.after,
         pauses=fence.pauses,
+        limits=fence.limits,
         archived=archived,
         prunes=prune_steps(prunes),
         touched=touched_keys,

@@ -30,7 +30,16 @@ from typing import Any
 import pyarrow as pa
 
 from dispatch.core.bounds import check_json_value
-from dispatch.core.events import EVENT_TYPES, Completed, Enqueued, Event, Paused, Resumed
+from dispatch.core.events import (
+    EVENT_TYPES,
+    Completed,
+    Enqueued,
+    Event,
+    LimitRemoved,
+    LimitSet,
+    Paused,
+    Resumed,
+)
 from dispatch.delta import tables as t
 
 MIN_TIME_S = 0.0
@@ -247,6 +256,7 @@ _EVENT_COLUMNS: dict[str, tuple[str, str]] = {
     "seq": (t.JOBS, "seq"),
     "lease": (t.JOBS, "lease"),
     "error": (t.JOBS, "error"),
+    "key": (t.JOBS, "key"),
 }
 """The event fields the fold writes as they are, and the column each lands in (`events` or
 the job's `jobs` row). A job's row holds nothing but these, the event's time, its JSON and the
@@ -261,6 +271,25 @@ _PAUSE_COLUMNS: dict[str, tuple[str, str]] = {
 }
 """The fields of `paused` and `resumed` events the `pauses` table holds as they are."""
 
+_LIMIT_COLUMNS: dict[str, tuple[str, str]] = {
+    "target": (t.LIMITS, "target"),
+    "max_inflight": (t.LIMITS, "max_inflight"),
+    "burst": (t.LIMITS, "burst"),
+    "by": (t.LIMITS, "by"),
+    "reason": (t.LIMITS, "reason"),
+}
+"""The fields of `limit_set` and `limit_removed` events the `limits` table holds as they are
+(`rate` is a finite float, which its double column holds)."""
+
+
+def _columns_of(cls: type[Event]) -> dict[str, tuple[str, str]]:
+    if cls in (Paused, Resumed):
+        return {**_EVENT_COLUMNS, **_PAUSE_COLUMNS}
+    if cls in (LimitSet, LimitRemoved):
+        return {**_EVENT_COLUMNS, **_LIMIT_COLUMNS}
+    return _EVENT_COLUMNS
+
+
 _EventCheck = tuple[str, str, pa.DataType, _Check]
 _EVENT_CHECKS: dict[type[Event], tuple[_EventCheck, ...]] = {
     cls: tuple(
@@ -270,9 +299,7 @@ _EVENT_CHECKS: dict[type[Event], tuple[_EventCheck, ...]] = {
         for table, column in [columns[f.name]]
     )
     for cls in EVENT_TYPES.values()
-    for columns in [
-        {**_EVENT_COLUMNS, **_PAUSE_COLUMNS} if cls in (Paused, Resumed) else _EVENT_COLUMNS
-    ]
+    for columns in [_columns_of(cls)]
 }
 _JSON_FIELDS: dict[type[Event], str] = {Enqueued: "payload", Completed: "result"}
 

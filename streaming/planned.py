@@ -50,6 +50,9 @@ class Planned:
     pauses: list[tuple[str, Event]] = field(default_factory=list)
     """The batch's admitted `paused` and `resumed` events with their groups, in log order
     (they rewrite the `pauses` table)."""
+    limits: list[tuple[str, Event]] = field(default_factory=list)
+    """The batch's admitted `limit_set` and `limit_removed` events with their groups, in log
+    order (they rewrite the `limits` table)."""
     events_count: int = 0
     """Logged events decoded (for the logs and the benchmark)."""
     skipped_records: int = 0

@@ -65,6 +65,7 @@ def job_row(group: str, state: JobState) -> dict[str, Any]:
     row["progress"] = _json(row.get("progress"))
     for name in _LATER_NUMBERS:
         row.setdefault(name, None)
+    row.setdefault("key", None)
     row["dispatch_group"] = group
     row["queued_at"] = state.queued_at
     row["started_at"] = state.started_at

@@ -5,7 +5,8 @@ Every batch's last `jobs` commit records (see `dispatch.delta.progress`) the nex
 newest such commit and the `jobs` table *at that version* with delta-rs (no JVM), so:
 
     core = Dispatcher.restore(
-        snapshot.jobs, config=..., epoch=snapshot.fence_epoch, owned=True, pauses=snapshot.pauses
+        snapshot.jobs, config=..., epoch=snapshot.fence_epoch, owned=True,
+        pauses=snapshot.pauses, limits=snapshot.limits,
     )
     for partition, offset in snapshot.offsets.items():
         # replay dispatch.events from `offset` (read_committed) to the end, this group's
@@ -16,17 +17,19 @@ gives exactly the state of a leader that replayed the whole log (docs/spec.md §
 snapshot never already contains the replayed tail, and the tail is never missed). `jobs` holds
 exactly the jobs the leader holds: lives the leader pruned are in `jobs_archive`, not here.
 The pauses in force at those offsets come from the `pauses` table, at the newest version
-written by a batch at or before them (`dispatch.delta.pauses`).
+written by a batch at or before them (`dispatch.delta.pauses`), and the runtime limits in
+force from the `limits` table likewise (`dispatch.delta.limits`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dispatch.core.events import Paused
+from dispatch.core.events import LimitSet, Paused
 from dispatch.core.job import JobRecord
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import JOB_RECORD_COLUMNS, records_from_arrow
+from dispatch.delta.limits import limits_at, limits_of
 from dispatch.delta.pauses import pauses_at, pauses_of
 from dispatch.delta.progress import BATCH, latest_progress_of
 from dispatch.warehouse import Warehouse
@@ -53,6 +56,9 @@ class Snapshot:
     pauses: list[Paused] = field(default_factory=list)
     """The group's pauses in force at `offsets`, oldest first (pass them to
     `Dispatcher.restore(..., pauses=...)`)."""
+    limits: list[LimitSet] = field(default_factory=list)
+    """The group's runtime limits in force at `offsets`, as `limit_set` events, oldest first
+    (pass them to `Dispatcher.restore(..., limits=...)`)."""
 
 
 def latest_snapshot(warehouse: Warehouse, group: str = "default") -> Snapshot | None:
@@ -101,4 +107,5 @@ def latest_snapshot(warehouse: Warehouse, group: str = "default") -> Snapshot | 
         app_id=progress.app_id,
         committed_at=committed.timestamp_ms / 1000.0,
         pauses=pauses_of(pauses_at(warehouse, events_topic, offsets), group),
+        limits=limits_of(limits_at(warehouse, events_topic, offsets), group),
     )

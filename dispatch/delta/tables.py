@@ -19,6 +19,9 @@ by plain columns only.
 - `pauses`: one row per pause in force (an exec pattern's queues or a client's jobs held by
   an operator); unpartitioned, small. Rewritten whole by a batch with `paused`/`resumed`
   events, before its `jobs` commit (see `dispatch.delta.pauses`).
+- `limits`: one row per runtime limit in force (an operator's limit on a client, an exec
+  pattern or a concurrency key); unpartitioned, small. Rewritten whole by a batch with
+  `limit_set`/`limit_removed` events, before its `jobs` commit (see `dispatch.delta.limits`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ STATS = "stats"
 STATS_PARTIAL = "stats_partial"
 REJECTED = "rejected"
 PAUSES = "pauses"
+LIMITS = "limits"
 
 _TIME = pa.timestamp("us", tz="UTC")
 
@@ -79,16 +83,17 @@ _LATER_JOB_FIELDS: list[tuple[str, pa.DataType]] = [
     ("run_limit_at", pa.float64()),
     ("cancel_requested_at", pa.float64()),
     ("progress", pa.string()),
+    ("key", pa.string()),
 ]
 """Columns of `jobs` and `jobs_archive` added after tables were in use (`retry`: the job's
-own retry policy as JSON; `expires_at`: when it expires; `max_run_s`: the hard time limit
-of each attempt; `run_limit_at`: when the running attempt reaches it; `cancel_requested_at`:
+own retry policy as JSON; `expires_at`: when it expires; `max_run_s`: the hard time limit of
+each attempt; `run_limit_at`: when the running attempt reaches it; `cancel_requested_at`:
 when a cancel of the running job was asked for; `progress`: its worker's latest progress
-report as JSON, `{done, total, message, at}`). They sit after the other job
-columns and before the partition columns, in new tables and, through `ALTER TABLE ... ADD
-COLUMNS ... AFTER`, in old ones: delta-rs's MERGE misreports its file counts (0 files
-scanned, all skipped, while it rewrites some) when a table's partition column is not last,
-and the batch benchmark and tests read those counts."""
+report as JSON, `{done, total, message, at}`; `key`: its concurrency key). They sit after
+the other job columns and before the partition columns, in new tables and, through `ALTER
+TABLE ... ADD COLUMNS ... AFTER`, in old ones: delta-rs's MERGE misreports its file counts
+(0 files scanned, all skipped, while it rewrites some) when a table's partition column is
+not last, and the batch benchmark and tests read those counts."""
 
 _PERCENTILE_SUFFIXES = ("p50_s", "p95_s", "p99_s")
 
@@ -199,6 +204,20 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("reason", pa.string()),
         ]
     ),
+    LIMITS: pa.schema(
+        [
+            ("dispatch_group", pa.string()),
+            ("scope", pa.string()),
+            ("target", pa.string()),
+            ("max_inflight", pa.int64()),
+            ("rate", pa.float64()),
+            ("burst", pa.int64()),
+            ("epoch", pa.int64()),
+            ("at", pa.float64()),
+            ("by", pa.string()),
+            ("reason", pa.string()),
+        ]
+    ),
 }
 
 PARTITIONS: dict[str, list[str]] = {
@@ -209,6 +228,7 @@ PARTITIONS: dict[str, list[str]] = {
     STATS_PARTIAL: [],
     REJECTED: ["date"],
     PAUSES: [],
+    LIMITS: [],
 }
 
 KEYS: dict[str, list[str]] = {
@@ -219,6 +239,7 @@ KEYS: dict[str, list[str]] = {
     STATS_PARTIAL: ["batch_end", "minute", "dispatch_group", "exec", "client_id"],
     REJECTED: ["topic", "partition", "offset"],
     PAUSES: ["dispatch_group", "scope", "target"],
+    LIMITS: ["dispatch_group", "scope", "target"],
 }
 """What identifies a row (no two rows share it)."""
 

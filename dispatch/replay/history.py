@@ -22,6 +22,8 @@ from dispatch.core.events import (
     Event,
     JobEvent,
     JobHeartbeat,
+    LimitRemoved,
+    LimitSet,
     Paused,
     Reassigned,
     Requeued,
@@ -38,6 +40,7 @@ from dispatch.replay.model import (
     Outcome,
     RecordedControl,
     RecordedJob,
+    RecordedLimit,
     RecordedWorker,
 )
 from dispatch.replay.slot_returns import SlotReturns
@@ -123,8 +126,8 @@ class _Recorder:
         self.since = since
         self.until = until
         self.jobs: dict[str, _JobTrail] = {}
-        self.controls: list[RecordedControl] = []
-        """Pauses and resumes, in log order."""
+        self.controls: list[RecordedControl | RecordedLimit] = []
+        """Pauses and resumes, limits set and removed, in log order."""
         self.workers: dict[str, _WorkerTrail] = {}
         self.events: list[JobEvent] = []
         self.position = 0
@@ -164,6 +167,24 @@ class _Recorder:
         elif isinstance(event, Resumed):
             self.controls.append(
                 RecordedControl(event.at, False, event.scope.value, event.target, event.by)
+            )
+        elif isinstance(event, LimitSet):
+            self.controls.append(
+                RecordedLimit(
+                    event.at,
+                    True,
+                    event.scope.value,
+                    event.target,
+                    max_inflight=event.max_inflight,
+                    rate=event.rate,
+                    burst=event.burst,
+                    by=event.by,
+                    reason=event.reason,
+                )
+            )
+        elif isinstance(event, LimitRemoved):
+            self.controls.append(
+                RecordedLimit(event.at, False, event.scope.value, event.target, by=event.by)
             )
         elif isinstance(event, WorkerJoined):
             worker = self.worker(event.worker_id)
@@ -364,6 +385,7 @@ def _recorded_job(trail: _JobTrail, holds: SlotReturns) -> RecordedJob:
         cancel_by=trail.cancel_by,
         cancel_reason=trail.cancel_reason,
         cancel_stop_s=trail.cancel_stop_s,
+        key=enqueued.key,
     )
 
 

@@ -106,6 +106,8 @@ class RecordedJob:
     """A cancel that reached it running: how long after the cancel its worker stopped the
     attempt (None: it did not: the attempt completed anyway, its grace passed or its worker
     was lost first, or it was not running)."""
+    key: str | None = None
+    """Its concurrency key, as submitted (None: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +139,24 @@ class RecordedControl:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordedLimit:
+    """An operator's runtime limit set (`set=True`: `limit_set`, with its knobs) or removed
+    (`limit_removed`) on a client, an exec pattern or a concurrency key, as recorded,
+    replayed at its time."""
+
+    at: float
+    set: bool
+    scope: str
+    """`client`, `exec` or `key`."""
+    target: str
+    max_inflight: int | None = None
+    rate: float | None = None
+    burst: int | None = None
+    by: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class History:
     """A recorded window: the jobs submitted in it, the workers seen, and the recorded events of
     those jobs (the "actual" side of a comparison)."""
@@ -153,5 +173,6 @@ class History:
     instants: tuple[float, ...] = ()
     """Every distinct time an event was logged at, ascending: instants the recorded leader
     iterated at (see `dispatch.replay.simulation.ITERATION_SNAP_S`)."""
-    controls: tuple[RecordedControl, ...] = ()
-    """The pauses and resumes of the read, in log order."""
+    controls: tuple[RecordedControl | RecordedLimit, ...] = ()
+    """The pauses and resumes, and the runtime limits set and removed, of the read, in log
+    order."""

@@ -7,10 +7,14 @@ a policy a replay can try: `jobs.exec_priority.<exec>=N` and `jobs.client_priori
 (a client's wins over an exec's), and what-if pauses, no setting either:
 `dispatcher.pause.exec.<pattern>=true` or `dispatcher.pause.client.<client>=true` holds that
 exec pattern's queues or that client's jobs for the whole replay, `=false` never (either way
-the recorded pauses and resumes of that same pattern or client are left out). A value is
-read as JSON when it parses (`10`, `2.5`, `true`, `{"a": 1}`), else as text; every value is
-then validated by the same pydantic models the leader's settings use, so a wrong key or
-value fails with the key named.
+the recorded pauses and resumes of that same pattern or client are left out). Limits are
+settings like any other: `dispatcher.limits.<scope>.<target>.<knob>=V` sets one knob
+(`max_inflight`, `rate`, `burst`; `null` drops it, and a limit left with no knob is gone),
+`dispatcher.limits.<scope>.<target>={...}` a whole limit (`null`: none); the recorded runtime
+limits of a (scope, target) so named are left out, so the limit tried holds for the whole
+replay. A value is read as JSON when it parses (`10`, `2.5`, `true`, `{"a": 1}`), else as
+text; every value is then validated by the same pydantic models the leader's settings use, so
+a wrong key or value fails with the key named.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dispatch.core.config import CoreConfig
 from dispatch.core.control_commands import checked_target
 from dispatch.core.errors import Rejected
 from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN
-from dispatch.settings import DispatcherSettings
+from dispatch.settings import LIMIT_SCOPES, DispatcherSettings, LimitSettings, check_limit_target
 
 IGNORED_BY_REPLAY = frozenset(
     {
@@ -66,6 +70,9 @@ class ReplayPolicy:
     pauses: Mapping[tuple[str, str], bool] = field(default_factory=dict)
     """(scope, target) -> paused for the whole replay (True) or never (False); the recorded
     pauses and resumes of a target named here are not replayed."""
+    limit_targets: frozenset[tuple[str, str]] = frozenset()
+    """The (scope, target) whose limit a `--set dispatcher.limits...` named: their recorded
+    runtime limits (`limit_set`/`limit_removed`) are not replayed."""
 
     def core_config(self) -> CoreConfig:
         # The simulated workers never go silent: expiry would only lose idle workers.
@@ -79,6 +86,9 @@ class ReplayPolicy:
     def to_dict(self) -> dict[str, Any]:
         """The policy as plain JSON (what a `replays` row records)."""
         settings = self.dispatcher.model_dump(mode="json", exclude=set(IGNORED_BY_REPLAY))
+        settings["limits"] = self.dispatcher.model_dump(
+            mode="json", include={"limits"}, exclude_none=True
+        )["limits"]
         if self.pauses:
             pauses: dict[str, dict[str, bool]] = {}
             for (scope, target), paused in sorted(self.pauses.items()):
@@ -111,11 +121,14 @@ def apply_overrides(base: DispatcherSettings, assignments: Sequence[str]) -> Rep
     dispatcher: dict[str, Any] = base.model_dump()
     priorities: dict[str, dict[str, int]] = {name: {} for name in PRIORITY_KEYS}
     pauses: dict[tuple[str, str], bool] = {}
+    limit_targets: set[tuple[str, str]] = set()
     for text in assignments:
         key, value = parse_assignment(text)
         section, _, rest = key.partition(".")
         if section == "dispatcher" and rest.partition(".")[0] == "pause":
             _set_pause(pauses, key, rest.partition(".")[2], value)
+        elif section == "dispatcher" and rest.partition(".")[0] == "limits":
+            _set_limit(dispatcher, limit_targets, key, rest.partition(".")[2], value)
         elif section == "dispatcher":
             _set_dispatcher(dispatcher, key, rest, value)
         elif section == "jobs":
@@ -130,7 +143,11 @@ def apply_overrides(base: DispatcherSettings, assignments: Sequence[str]) -> Rep
     except ValidationError as error:
         raise OverrideError(_validation_message(error)) from None
     return ReplayPolicy(
-        settings, priorities["exec_priority"], priorities["client_priority"], pauses
+        settings,
+        priorities["exec_priority"],
+        priorities["client_priority"],
+        pauses,
+        frozenset(limit_targets),
     )
 
 
@@ -149,6 +166,73 @@ def _set_pause(pauses: dict[tuple[str, str], bool], key: str, rest: str, value: 
     except Rejected as error:
         raise OverrideError(f"--set {key}: {error.detail}") from None
     pauses[(kind.value, name)] = value
+
+
+_LIMIT_FORM = (
+    "expected dispatcher.limits.<client|exec|key>.<target>.<max_inflight|rate|burst>=N, "
+    "dispatcher.limits.<client|exec|key>.<target>={...} or dispatcher.limits={...}"
+)
+
+
+def _set_limit(
+    dispatcher: dict[str, Any],
+    targets: set[tuple[str, str]],
+    key: str,
+    rest: str,
+    value: Any,
+) -> None:
+    """`dispatcher.limits...` (`rest`: what follows `limits.`): a knob, a whole limit, or
+    the whole table; the (scope, target) it names go to `targets`. The values are validated
+    with the rest of the settings."""
+    limits: dict[str, dict[str, Any]] = {
+        scope: {target: dict(limit) for target, limit in by_target.items()}
+        for scope, by_target in dispatcher.get("limits", {}).items()
+    }
+    if not rest:
+        if not isinstance(value, dict):
+            raise OverrideError(f"--set {key}: {_LIMIT_FORM}")
+        for scope, by_target in value.items():
+            if isinstance(by_target, dict):
+                targets.update((scope, target) for target in by_target)
+        targets.update(
+            (scope, target) for scope, by_target in limits.items() for target in by_target
+        )
+        dispatcher["limits"] = value
+        return
+    scope, _, path = rest.partition(".")
+    if scope not in LIMIT_SCOPES or not path:
+        raise OverrideError(f"--set {key}: {_LIMIT_FORM}")
+    head, _, last = path.rpartition(".")
+    if head and last in LimitSettings.model_fields and not isinstance(value, dict):
+        target, knob = head, last
+    else:
+        target, knob = path, None
+    try:
+        check_limit_target(scope, target)
+    except ValueError as error:
+        raise OverrideError(f"--set {key}: {scope} {target!r}: {error}") from None
+    by_target = limits.setdefault(scope, {})
+    if knob is None:
+        if value is None:
+            by_target.pop(target, None)
+        elif isinstance(value, dict):
+            by_target[target] = value
+        else:
+            raise OverrideError(f"--set {key}: {_LIMIT_FORM}")
+    else:
+        limit = {
+            name: number for name, number in by_target.get(target, {}).items() if number is not None
+        }
+        if value is None:
+            limit.pop(knob, None)
+        else:
+            limit[knob] = value
+        if limit:
+            by_target[target] = limit
+        else:
+            by_target.pop(target, None)
+    targets.add((scope, target))
+    dispatcher["limits"] = limits
 
 
 def _set_dispatcher(dispatcher: dict[str, Any], key: str, rest: str, value: Any) -> None:

@@ -3,11 +3,12 @@ served by a simulated fleet.
 
 A discrete-event simulation: the clock jumps from one instant to the next, whichever comes
 first of the next outside event (a submission at its recorded time, a cancellation, an
-operator's pause or resume, a worker joining or leaving, an attempt ending on its worker, a
-worker stopping an attempt whose cancel reached it) and the core's next timer (a deadline, a
-delayed job: `Dispatcher.next_timer_at`, where `tick` is called). Nothing reads a real clock
-and nothing is drawn while it runs (the lease tokens are seeded, the attempts' behaviour is
-fixed beforehand), so the same history, policy, fleet and seed give the same events.
+operator's pause, resume or runtime limit, a worker joining or leaving, an attempt ending on
+its worker, a worker stopping an attempt whose cancel reached it) and the core's next timer
+(a deadline, a delayed job: `Dispatcher.next_timer_at`, where `tick` is called). Nothing
+reads a real clock and nothing is drawn while it runs (the lease tokens are seeded, the
+attempts' behaviour is fixed beforehand), so the same history, policy, fleet and seed give
+the same events.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dispatch.core.events import Assigned, CancelRequested, Event, Reassigned
 from dispatch.core.leases import seeded_lease_tokens
 from dispatch.replay.behaviour import AttemptPlans
 from dispatch.replay.fleet import FleetWorker
-from dispatch.replay.model import ANSWERING, Outcome, RecordedControl, RecordedJob
+from dispatch.replay.model import ANSWERING, Outcome, RecordedControl, RecordedJob, RecordedLimit
 from dispatch.replay.overrides import ReplayPolicy
 from dispatch.settings import DispatcherSettings
 
@@ -123,6 +124,7 @@ def submit_request(
         retry=None if job.retry is None else job.retry.to_dict(),
         expires_at=job.expires_at,
         max_run_s=max_run_s,
+        key=job.key,
     )
 
 
@@ -138,7 +140,7 @@ class Simulation:
         recorded_under: DispatcherSettings | None = None,
         seed: int = 0,
         iterations: Sequence[float] = (),
-        controls: Sequence[RecordedControl] = (),
+        controls: Sequence[RecordedControl | RecordedLimit] = (),
     ) -> None:
         self.iterations = iterations
         self.core = Dispatcher(policy.core_config(), lease_token=seeded_lease_tokens(seed))
@@ -167,14 +169,19 @@ class Simulation:
             if job.cancelled_at is not None:
                 self._schedule(job.cancelled_at, _Kind.CANCEL, job)
         # The operator's pauses and resumes at their times, but for the targets the policy
-        # pauses for the whole replay (from before anything else) or never.
+        # pauses for the whole replay (from before anything else) or never; likewise the
+        # runtime limits set and removed, but for the targets whose limit the policy sets
+        # (`--set dispatcher.limits...`: the settings' limit holds for the whole replay).
         for (scope, target), paused in sorted(policy.pauses.items()):
             if paused:
                 self._schedule(
                     start - 1.0, _Kind.CONTROL, RecordedControl(start, True, scope, target)
                 )
         for control in controls:
-            if (control.scope, control.target) not in policy.pauses:
+            if isinstance(control, RecordedLimit):
+                if (control.scope, control.target) not in policy.limit_targets:
+                    self._schedule(control.at, _Kind.CONTROL, control)
+            elif (control.scope, control.target) not in policy.pauses:
                 self._schedule(control.at, _Kind.CONTROL, control)
 
     def _schedule(self, at: float, kind: _Kind, item: object, order: int = 0) -> None:
@@ -237,6 +244,24 @@ class Simulation:
             if item.worker_id in self.alive:
                 self.alive.discard(item.worker_id)
                 self._record(core.lose_worker(item.worker_id, at, reason="left"))
+        elif kind is _Kind.CONTROL and isinstance(item, RecordedLimit):
+            # A removal answers [] for no runtime limit in force (e.g. one set before the
+            # read); a limit set loosening one starts what it held.
+            if item.set:
+                self._record(
+                    core.set_limit(
+                        item.scope,
+                        item.target,
+                        at,
+                        max_inflight=item.max_inflight,
+                        rate=item.rate,
+                        burst=item.burst,
+                        by=item.by,
+                        reason=item.reason,
+                    )
+                )
+            else:
+                self._record(core.remove_limit(item.scope, item.target, at, by=item.by))
         elif kind is _Kind.CONTROL:
             assert isinstance(item, RecordedControl)
             # Answers [] for what is paused already / not paused (e.g. a resume of a pause
@@ -358,11 +383,11 @@ def simulate(
     recorded_under: DispatcherSettings | None = None,
     seed: int = 0,
     iterations: Sequence[float] = (),
-    controls: Sequence[RecordedControl] = (),
+    controls: Sequence[RecordedControl | RecordedLimit] = (),
 ) -> SimulationResult:
     """Replay `jobs` under `policy` on `fleet` (see the module's doc); `iterations`: the
     recorded instants timers snap to (`History.instants`); `controls`: the recorded pauses
-    and resumes (`History.controls`)."""
+    and resumes, and runtime limits set and removed (`History.controls`)."""
     simulation = Simulation(
         jobs,
         fleet,

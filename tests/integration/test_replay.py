@@ -33,6 +33,8 @@ from tests.unit.replay.recording import (
 )
 from tests.unit.replay.test_controls_fidelity import SETTINGS as CONTROLS
 from tests.unit.replay.test_controls_fidelity import controls_of, per_job, record_controlled
+from tests.unit.replay.test_limits_fidelity import SETTINGS as LIMITED
+from tests.unit.replay.test_limits_fidelity import limits_of, record_limited
 
 ABSOLUTE_S = 0.25
 RELATIVE = 0.05
@@ -149,3 +151,31 @@ def test_cancels_time_limits_and_expiry_replay_as_recorded_from_delta(tmp_path: 
     assert controls_of(result.events) == controls_of(recorded)
     report = run_replay(warehouse, CONTROLS, ReplayRequest())
     assert all(group.actual == group.simulated for group in report.groups)
+
+
+def test_limits_and_keys_replay_as_recorded_from_delta(tmp_path: Path) -> None:
+    """The limited recording (tests/unit/replay/test_limits_fidelity.py: a settings' key
+    limit, runtime limits set, loosened and removed on an exec pattern and a client's rate)
+    written to Delta `events` and read back: every job's events come again, exactly, and the
+    limits at their times; a what-if limit on the exec pattern frees its jobs."""
+    warehouse = Warehouse.at(tmp_path / "delta")
+    recorded = record_limited()
+    write_events_table(warehouse, recorded)
+    events = read_events(warehouse, group="default")
+    history = recorded_history(events)
+    assert len(history.controls) == 5
+    assert {job.key for job in history.jobs} == {None, "account:7", "account:8"}
+    result = simulate(
+        history.jobs, recorded_fleet(history), apply_overrides(LIMITED, ()),
+        recorded_under=LIMITED, iterations=history.instants, controls=history.controls,
+    )  # fmt: skip
+    assert per_job(result.events) == per_job(history.events)
+    assert limits_of(result.events) == limits_of(recorded)
+    report = run_replay(warehouse, LIMITED, ReplayRequest())
+    assert all(group.actual == group.simulated for group in report.groups)
+    what_if = run_replay(
+        warehouse,
+        LIMITED,
+        ReplayRequest(assignments=("dispatcher.limits.exec.render.*.max_inflight=5",)),
+    )
+    assert what_if.groups[0].simulated != what_if.groups[0].actual

@@ -15,11 +15,14 @@ from dispatch.core.events import (
     Enqueued,
     Event,
     JobHeartbeat,
+    LimitRemoved,
+    LimitSet,
     Paused,
     PauseScope,
     Resumed,
     WorkerJoined,
 )
+from dispatch.core.limits import LimitScope
 from dispatch.event_records import decode_batch, encode_batch, encode_batches
 from tests.unit.streaming.hostile import hostile_record
 
@@ -82,6 +85,40 @@ def test_pauses_resumes_and_progress_reports_round_trip() -> None:
     }  # fmt: skip
     # A heartbeat without a report is written as before the field.
     assert "progress" not in written[3]
+
+
+def test_limits_and_a_job_s_key_round_trip() -> None:
+    events: list[Event] = [
+        LimitSet(
+            epoch=3, at=10.0, scope=LimitScope.CLIENT, target="acme", max_inflight=10,
+            rate=50.0, burst=100, by="ops", reason="noisy",
+        ),
+        LimitSet(epoch=3, at=10.5, scope=LimitScope.EXEC, target="image.>", max_inflight=4),
+        LimitSet(epoch=3, at=10.6, scope=LimitScope.KEY, target="account:*", rate=2.5, burst=3),
+        Enqueued(
+            epoch=3, at=11.0, job_id="j1", client_id="acme", exec="image.resize", payload=None,
+            max_attempts=5, timeout_s=30.0, seq=1, key="account:42",
+        ),
+        Enqueued(
+            epoch=3, at=11.5, job_id="j2", client_id="acme", exec="image.resize", payload=None,
+            max_attempts=5, timeout_s=30.0, seq=2,
+        ),
+        LimitRemoved(epoch=3, at=12.0, scope=LimitScope.CLIENT, target="acme", by="ops"),
+    ]  # fmt: skip
+    raw = encode_batch("default", 3, events)
+    assert decode_batch(raw).events == events
+    written = json.loads(raw)["events"]
+    assert written[1] == {
+        "type": "limit_set", "epoch": 3, "at": 10.5, "scope": "exec", "target": "image.>",
+        "max_inflight": 4,
+    }  # fmt: skip
+    assert written[3]["key"] == "account:42"
+    # A job without a key is written as before the field.
+    assert "key" not in written[4]
+    assert written[5] == {
+        "type": "limit_removed", "epoch": 3, "at": 12.0, "scope": "client", "target": "acme",
+        "by": "ops",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dispatch import settings as settings_module
+from dispatch.core.limits import Limit
 from dispatch.settings import ENV_PREFIX, PROJECT_ROOT, ConfigError, load_settings, to_environment
 
 
@@ -245,3 +246,69 @@ def test_the_defaults_file_holds_the_models_own_defaults(
     empty.write_text("")
     monkeypatch.setenv("DISPATCH_CONFIG", str(empty))
     assert load_settings() == from_file
+
+
+def test_limits_by_scope_and_target_become_the_core_s_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[dispatcher.limits.<scope>."<target>"]` in a file (the shape docs/deployment.md
+    shows), checked and handed to the core; a rate's burst defaults to ceil(rate)."""
+    config = tmp_path / "dispatch.toml"
+    config.write_text(
+        (PROJECT_ROOT / "conf" / "defaults.toml").read_text()
+        + "\n"
+        + "\n".join(
+            [
+                "[dispatcher.limits.client.acme]",
+                "max_inflight = 10",
+                "rate = 50",
+                "burst = 100",
+                '[dispatcher.limits.exec."image.>"]',
+                "max_inflight = 4",
+                '[dispatcher.limits.key."account:*"]',
+                "max_inflight = 1",
+                '[dispatcher.limits.key."account:42"]',
+                "rate = 2.5",
+            ]
+        )
+    )
+    monkeypatch.setenv("DISPATCH_CONFIG", str(config))
+    settings = load_settings()
+    limits = settings.dispatcher.core_config().limits
+    assert {scope: dict(targets) for scope, targets in limits.items()} == {
+        "client": {"acme": Limit(10, 50.0, 100)},
+        "exec": {"image.>": Limit(4)},
+        "key": {"account:*": Limit(1), "account:42": Limit(None, 2.5, 3)},
+    }
+    # They travel to another process as JSON, as tables do.
+    for name, value in to_environment(settings).items():
+        monkeypatch.setenv(name, value)
+    assert load_settings() == settings
+    assert load_settings().dispatcher.core_config().limits == limits
+
+
+def test_no_limits_by_default() -> None:
+    assert load_settings().dispatcher.limits == {}
+    assert dict(load_settings().dispatcher.core_config().limits) == {}
+
+
+@pytest.mark.parametrize(
+    ("limits", "named"),
+    [
+        ({"queue": {"a": {"max_inflight": 1}}}, r"limits\.queue: unknown scope"),
+        ({"client": {"acme": {}}}, r"dispatcher\.limits\.client\.acme .*max_inflight, rate"),
+        ({"client": {"acme": {"burst": 5}}}, r"limits\.client\.acme .*burst: a burst needs a rate"),
+        ({"client": {"acme": {"max_inflight": 0}}}, r"limits\.client\.acme\.max_inflight"),
+        ({"client": {"acme": {"rate": 0}}}, r"limits\.client\.acme\.rate"),
+        ({"client": {"acme": {"rate": 2_000_000}}}, r"limits\.client\.acme\.rate"),
+        ({"client": {"acme": {"rate": 1, "burst": 0}}}, r"limits\.client\.acme\.burst"),
+        ({"client": {"acme": {"max_inflight": 1, "wait": 2}}}, r"limits\.client\.acme\.wait"),
+        ({"exec": {"image.>.x": {"max_inflight": 1}}}, r"limits\.exec\['image\.>\.x'\]: exec"),
+        ({"key": {"a*b": {"max_inflight": 1}}}, r"limits\.key\['a\*b'\]: key"),
+        ({"key": {"k" * 201: {"max_inflight": 1}}}, r"limits\.key\['kkk.*: key"),
+        ({"key": {"a\tb": {"max_inflight": 1}}}, r"limits\.key\['a\\tb'\]: key: control"),
+    ],
+)
+def test_a_bad_limit_is_refused_naming_it(limits: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        load_settings(dispatcher={"limits": limits})

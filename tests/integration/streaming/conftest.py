@@ -175,7 +175,11 @@ def jobs_of(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def replay_after(settings: Settings, snapshot: Snapshot) -> Dispatcher:
     """What a new leader does: restore the snapshot, replay the log after its offsets."""
     core = Dispatcher.restore(
-        snapshot.jobs, config=CONFIG, epoch=snapshot.fence_epoch, pauses=snapshot.pauses
+        snapshot.jobs,
+        config=CONFIG,
+        epoch=snapshot.fence_epoch,
+        pauses=snapshot.pauses,
+        limits=snapshot.limits,
     )
     consumer = KafkaConsumer(
         bootstrap_servers=settings.kafka.bootstrap,

@@ -1,6 +1,6 @@
 """A `jobs` table made before the later columns (retry and expiry; the hard time limit and
-the cancel of a running job; the worker's progress report) gets them when the fold starts,
-and a new `pauses` table appears beside it."""
+the cancel of a running job; the worker's progress report; the concurrency key) gets them
+when the fold starts, and new `pauses` and `limits` tables appear beside it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 
-LATER = ("retry", "expires_at", "max_run_s", "run_limit_at", "cancel_requested_at", "progress")
+LATER = (
+    "retry", "expires_at", "max_run_s", "run_limit_at", "cancel_requested_at", "progress", "key",
+)  # fmt: skip
 
 
 def test_create_tables_adds_the_new_columns_to_an_old_jobs_table(
@@ -72,6 +74,7 @@ def test_create_tables_adds_the_new_columns_to_an_old_jobs_table(
             "run_limit_at": 32.0,
             "cancel_requested_at": 15.0,
             "progress": {"done": 2, "total": 8, "message": "two of eight", "at": 14.0},
+            "key": "account:42",
         }
     )
     write_deltalake(
@@ -91,6 +94,7 @@ def test_create_tables_adds_the_new_columns_to_an_old_jobs_table(
     assert json.loads(rows["running"]["progress"]) == {
         "done": 2.0, "total": 8.0, "message": "two of eight", "at": 14.0,
     }  # fmt: skip
+    assert rows["running"]["key"] == "account:42"
     assert record_from_row(rows["running"]) == running
     assert record_from_row(rows["old"]) == old
     # Spark reads the old table with the new columns too (NULL in the old rows).
@@ -100,8 +104,10 @@ def test_create_tables_adds_the_new_columns_to_an_old_jobs_table(
     assert by_id["running"]["cancel_requested_at"] == 15.0
     assert by_id["old"]["max_run_s"] is None
     assert by_id["old"]["progress"] is None
-    # The pauses table is there, empty.
+    assert by_id["running"]["key"] == "account:42" and by_id["old"]["key"] is None
+    # The pauses and limits tables are there, empty.
     assert warehouse.open(t.PAUSES).to_pyarrow_table().num_rows == 0
+    assert warehouse.open(t.LIMITS).to_pyarrow_table().num_rows == 0
 
 
 def test_the_fold_writes_a_job_with_a_time_limit_into_an_old_jobs_table(
@@ -125,7 +131,9 @@ def test_the_fold_writes_a_job_with_a_time_limit_into_an_old_jobs_table(
 
     core = Dispatcher(CoreConfig(worker_expiry_s=None, cancel_grace_s=5.0))
     events = core.begin_epoch(1, 100.0) + core.join("w", ["job.assign.>"], 100.0)
-    request = SubmitRequest(id="limited", exec="a.b", payload=None, max_run_s=30.0)
+    request = SubmitRequest(
+        id="limited", exec="a.b", payload=None, max_run_s=30.0, key="account:42"
+    )
     events += core.submit(request, 101.0) + core.grant_credit("w", 1, 101.0)
     held = core.job("limited")
     assert held is not None and held.lease is not None
@@ -148,3 +156,4 @@ def test_the_fold_writes_a_job_with_a_time_limit_into_an_old_jobs_table(
         102.0,
     )
     assert record.progress == {"done": 1.0, "total": 4.0, "message": None, "at": 101.5}
+    assert record.key == "account:42"

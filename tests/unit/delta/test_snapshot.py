@@ -8,11 +8,13 @@ import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, write_deltalake
 
-from dispatch.core.events import Paused, PauseScope, Resumed
+from dispatch.core.events import LimitRemoved, LimitSet, Paused, PauseScope, Resumed
 from dispatch.core.job import JobRecord, JobStatus
+from dispatch.core.limits import LimitScope
 from dispatch.core.retry import RetryPolicy
 from dispatch.delta import tables as t
 from dispatch.delta.job_rows import JobState, job_row, job_state, records_from_arrow
+from dispatch.delta.limits import LimitRows, apply_limits, arrow_limits, limits_at
 from dispatch.delta.pauses import PauseRows, apply_pauses, arrow_pauses, pauses_at, pauses_version
 from dispatch.delta.progress import BATCH, PRUNE, Progress
 from dispatch.delta.snapshot import latest_snapshot
@@ -110,7 +112,10 @@ def test_a_table_from_before_the_new_columns_still_gives_a_snapshot(tmp_path: Pa
     `max_run_s`, `run_limit_at`, `cancel_requested_at`: it adds them as it starts) reads as
     jobs without them."""
     rows = [job_row("g", JobState(record("a")))]
-    later = ("retry", "expires_at", "max_run_s", "run_limit_at", "cancel_requested_at", "progress")
+    later = (
+        "retry", "expires_at", "max_run_s", "run_limit_at", "cancel_requested_at", "progress",
+        "key",
+    )  # fmt: skip
     for row in rows:
         for name in later:
             del row[name]
@@ -221,3 +226,92 @@ def test_pauses_are_read_at_the_latest_version_after_maintenance(tmp_path: Path)
     assert set(pauses_at(Warehouse.at(tmp_path), "ev", {0: 40})) == {
         ("g", "exec", "a.>"), ("g", "exec", "b"),
     }  # fmt: skip
+
+
+def test_a_job_s_key_survives_the_snapshot(tmp_path: Path) -> None:
+    keyed = record("a")
+    keyed.key = "account:42"
+    commit(tmp_path, [keyed, record("b")], "g", progress(0))
+    snapshot = latest_snapshot(Warehouse.at(tmp_path), "g")
+    assert snapshot is not None
+    assert sorted(snapshot.jobs, key=lambda job: job.id) == [keyed, record("b")]
+    row = job_row("g", JobState(keyed))
+    assert row["key"] == "account:42"
+    assert job_state(row)[1].record == keyed
+    assert job_row("g", JobState(record("b")))["key"] is None
+    row["key"] = "a*"
+    with pytest.raises(ValueError, match="key"):
+        job_state(row)
+
+
+def limit_set(
+    at: float,
+    target: str,
+    scope: LimitScope = LimitScope.CLIENT,
+    *,
+    max_inflight: int | None = 3,
+    rate: float | None = None,
+    burst: int | None = None,
+) -> LimitSet:
+    return LimitSet(
+        epoch=4, at=at, scope=scope, target=target, max_inflight=max_inflight, rate=rate,
+        burst=burst, by="ops", reason=f"r{at}",
+    )  # fmt: skip
+
+
+def write_limits(warehouse: Path, rows: LimitRows, offset: int) -> None:
+    metadata = Progress(
+        app_id="app", batch_id=offset, kind=BATCH, offsets={"ev": {0: offset}},
+        topics={"events": "ev"},
+    )  # fmt: skip
+    write_deltalake(
+        Warehouse.at(warehouse).table(t.LIMITS),
+        arrow_limits(rows),
+        mode="overwrite",
+        commit_properties=CommitProperties(custom_metadata={"userMetadata": metadata.to_json()}),
+    )
+
+
+def test_the_snapshot_holds_the_runtime_limits_in_force_at_its_offsets(tmp_path: Path) -> None:
+    """The newest `limits` version at or before the snapshot's offsets (one a batch wrote
+    before failing to commit `jobs` is past them, not taken), knobs as they were set."""
+    rows: LimitRows = {}
+    apply_limits(
+        rows,
+        [
+            ("g", limit_set(1.0, "acme", rate=50.0, burst=100, max_inflight=10)),
+            ("h", limit_set(1.5, "acme")),
+            ("g", limit_set(1.7, "image.>", LimitScope.EXEC, max_inflight=4)),
+        ],
+    )
+    write_limits(tmp_path, rows, 30)
+    apply_limits(
+        rows,
+        [("g", limit_set(2.0, "account:*", LimitScope.KEY, max_inflight=None, rate=2.5, burst=3))],
+    )
+    write_limits(tmp_path, rows, 38)
+    apply_limits(
+        rows,
+        [
+            ("g", LimitRemoved(epoch=4, at=3.0, scope=LimitScope.CLIENT, target="acme")),
+            ("g", limit_set(4, "image.>", LimitScope.EXEC, max_inflight=8)),
+        ],
+    )
+    write_limits(tmp_path, rows, 45)  # a failed batch's: jobs covers 41 only
+    commit(tmp_path, [record("a")], "g", progress(1))
+    snapshot = latest_snapshot(Warehouse.at(tmp_path), "g")
+    assert snapshot is not None and snapshot.offsets == {0: 41}
+    assert snapshot.limits == [
+        limit_set(1.0, "acme", rate=50.0, burst=100, max_inflight=10),
+        limit_set(1.7, "image.>", LimitScope.EXEC, max_inflight=4),
+        limit_set(2.0, "account:*", LimitScope.KEY, max_inflight=None, rate=2.5, burst=3),
+    ]
+    assert snapshot.pauses == []
+    latest = limits_at(Warehouse.at(tmp_path), "ev", {0: 45})
+    assert set(latest) == {
+        ("g", "exec", "image.>"), ("g", "key", "account:*"), ("h", "client", "acme"),
+    }  # fmt: skip
+    assert latest["g", "exec", "image.>"]["max_inflight"] == 8
+    assert latest["g", "key", "account:*"]["max_inflight"] is None
+    assert limits_at(Warehouse.at(tmp_path), "ev", {0: 29}) == {}
+    assert limits_at(Warehouse.at(tmp_path / "none"), "ev", {0: 45}) == {}

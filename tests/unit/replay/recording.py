@@ -16,7 +16,8 @@ failure (the SDK's `cancelled: ...`). An attempt stopped by its hard time limit 
 too: it stops at once and answers (refused). A stopped attempt's planned answer and credit
 never come; the credit follows the stop's answer instead. An attempt may report its progress
 with a job heartbeat every `Behaviour.progress_every_s`, and an operator may pause and resume
-an exec pattern or a client at planned times (`PlannedControl`).
+an exec pattern or a client at planned times (`PlannedControl`), and set and remove runtime
+limits (`PlannedLimit`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,18 @@ class PlannedControl:
     pause: bool
     scope: str
     target: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedLimit:
+    """An operator's runtime limit set (`knobs`: max_inflight, rate, burst) or removed
+    (`knobs` None) on a client, an exec pattern or a key."""
+
+    at: float
+    scope: str
+    target: str
+    knobs: dict[str, Any] | None = None
     reason: str = ""
 
 
@@ -184,7 +197,7 @@ def record_run(
     jobs: list[PlannedJob],
     settings: DispatcherSettings = RECORDED_SETTINGS,
     seed: int = 1,
-    controls: Sequence[PlannedControl] = (),
+    controls: Sequence[PlannedControl | PlannedLimit] = (),
 ) -> list[Event]:
     """Every event the leader logged, in log order, until every job ended."""
     config = settings.core_config()
@@ -196,6 +209,12 @@ def record_run(
         if job.cancel_at is not None:
             leader.arrive(job.cancel_at, "cancel", job.request.id)
     for control in controls:
+        if isinstance(control, PlannedLimit):
+            kind = "remove_limit" if control.knobs is None else "set_limit"
+            leader.arrive(
+                control.at, kind, control.scope, control.target, control.knobs, control.reason
+            )
+            continue
         kind = "pause" if control.pause else "unpause"
         leader.arrive(control.at, kind, control.scope, control.target, control.reason)
     for worker_id in WORKERS:
@@ -260,6 +279,11 @@ def _command(leader: _Leader, kind: str, args: tuple[Any, ...], now: float) -> l
         return core.pause(scope, target, now, by=CANCELLED_BY, reason=reason)
     if kind == "unpause":
         return core.unpause(args[0], args[1], now, by=CANCELLED_BY)
+    if kind == "set_limit":
+        scope, target, knobs, reason = args
+        return core.set_limit(scope, target, now, **knobs, by=CANCELLED_BY, reason=reason)
+    if kind == "remove_limit":
+        return core.remove_limit(args[0], args[1], now, by=CANCELLED_BY)
     if kind == "progress":
         job_id, attempt, lease, worker_id, step, steps = args
         if (job_id, attempt) in leader.stopped:

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from dispatch.core.limits import Limit
 from dispatch.replay.overrides import OverrideError, apply_overrides, parse_assignment
 from dispatch.settings import DispatcherSettings
 
@@ -133,5 +134,66 @@ def test_what_if_pauses_are_checked_and_recorded() -> None:
     ],
 )
 def test_a_wrong_what_if_pause_names_the_key(assignment: str, message: str) -> None:
+    with pytest.raises(OverrideError, match=re.escape(message)):
+        apply_overrides(BASE, [assignment])
+
+
+LIMITED = DispatcherSettings(
+    limits={"client": {"acme": {"max_inflight": 10}}, "key": {"account:*": {"max_inflight": 1}}}
+)
+
+
+def test_what_if_limits_set_knobs_and_reach_the_core() -> None:
+    """`dispatcher.limits.<scope>.<target>.<knob>=V` changes one knob of the settings' limit
+    (the others stay), a JSON object sets a whole limit, `null` drops a knob or a limit; the
+    targets named are those whose recorded runtime limits the replay leaves out."""
+    policy = apply_overrides(
+        LIMITED,
+        [
+            "dispatcher.limits.client.acme.rate=50",
+            "dispatcher.limits.exec.image.>.max_inflight=4",
+            'dispatcher.limits.key.account:7={"rate": 2.5}',
+            "dispatcher.limits.key.account:*=null",
+            "dispatcher.limits.exec.billing.rate.max_inflight=2",  # a pattern ending in `rate`
+        ],
+    )
+    limits = policy.core_config().limits
+    assert {scope: dict(targets) for scope, targets in limits.items()} == {
+        "client": {"acme": Limit(10, 50.0, 50)},
+        "exec": {"image.>": Limit(4), "billing.rate": Limit(2)},
+        "key": {"account:7": Limit(None, 2.5, 3)},
+    }
+    assert policy.limit_targets == {
+        ("client", "acme"), ("exec", "image.>"), ("key", "account:7"), ("key", "account:*"),
+        ("exec", "billing.rate"),
+    }  # fmt: skip
+    assert policy.to_dict()["dispatcher"]["limits"]["client"] == {
+        "acme": {"max_inflight": 10, "rate": 50.0}
+    }
+    # Dropping the last knob drops the limit.
+    dropped = apply_overrides(LIMITED, ["dispatcher.limits.client.acme.max_inflight=null"])
+    assert "client" not in dropped.core_config().limits
+    assert apply_overrides(LIMITED, ()).limit_targets == frozenset()
+    whole = apply_overrides(LIMITED, ['dispatcher.limits={"exec": {"a.*": {"max_inflight": 1}}}'])
+    assert dict(whole.core_config().limits) == {"exec": {"a.*": Limit(1)}}
+    assert whole.limit_targets == {("exec", "a.*"), ("client", "acme"), ("key", "account:*")}
+
+
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("dispatcher.limits.queue.a.rate=1", "dispatcher.limits.<client|exec|key>"),
+        ("dispatcher.limits.client=3", "dispatcher.limits.<client|exec|key>"),
+        ("dispatcher.limits=3", "dispatcher.limits.<client|exec|key>"),
+        ("dispatcher.limits.client.acme=3", "dispatcher.limits.<client|exec|key>"),
+        ("dispatcher.limits.exec.a.>.b.rate=1", "--set dispatcher.limits.exec.a.>.b.rate: exec"),
+        ("dispatcher.limits.key.a*b.rate=1", "key 'a*b': key: '*' is kept for key patterns"),
+        ("dispatcher.limits.client.acme.rate=0", "--set dispatcher.limits.client.acme.rate:"),
+        ("dispatcher.limits.client.acme.burst=5", "a burst needs a rate"),
+        ("dispatcher.limits.client.acme.max_inflight=x", "dispatcher.limits.client.acme"),
+        ('dispatcher.limits.client.acme={"wait": 1}', "dispatcher.limits.client.acme.wait"),
+    ],
+)
+def test_a_wrong_what_if_limit_names_the_key(assignment: str, message: str) -> None:
     with pytest.raises(OverrideError, match=re.escape(message)):
         apply_overrides(BASE, [assignment])

@@ -145,6 +145,16 @@ class Driver:
     def unpause(self, scope: str, target: str) -> None:
         self.do(lambda core, now: core.unpause(scope, target, now, by="ops-key"))
 
+    def set_limit(self, scope: str, target: str, reason: str = "", **knobs: Any) -> None:
+        self.do(
+            lambda core, now: core.set_limit(
+                scope, target, now, **knobs, by="ops-key", reason=reason
+            )
+        )
+
+    def remove_limit(self, scope: str, target: str) -> None:
+        self.do(lambda core, now: core.remove_limit(scope, target, now, by="ops-key"))
+
 
 def mixed_workload(*, prune: bool = False) -> Workload:
     """Successes, retries, timeouts, a dead-letter and its redrive, cancels, a worker loss,

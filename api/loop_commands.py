@@ -21,7 +21,7 @@ from dispatch.api.hub import Hub, public_job, stop_orders_for
 from dispatch.api.worker_sync import Held, rejoin
 from dispatch.core.dispatcher import Dispatcher
 from dispatch.core.errors import RejectCode, Rejected
-from dispatch.core.events import Cancelled, Event, Paused
+from dispatch.core.events import Cancelled, Event, LimitRemoved, Paused
 from dispatch.core.job import JobRecord, JobStatus
 from dispatch.core.queries import ClientLoads
 
@@ -126,6 +126,65 @@ class SetPause(LoopCommand[list[dict[str, Any]]]):
 
     def answer(self, core: Dispatcher, events: list[Event]) -> list[dict[str, Any]]:
         return [pause_view(paused) for paused in core.pauses()]
+
+
+@dataclass(frozen=True, slots=True)
+class ListLimits(LoopCommand[list[dict[str, Any]]]):
+    """Every limit in force (runtime and settings), with what each counts and holds now."""
+
+    def answer(self, core: Dispatcher, events: list[Event]) -> list[dict[str, Any]]:
+        return core.limit_views()
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLimit(LoopCommand[dict[str, Any] | None]):
+    """The limit in force for exactly (scope, target), or None."""
+
+    scope: str
+    target: str
+
+    def answer(self, core: Dispatcher, events: list[Event]) -> dict[str, Any] | None:
+        return core.limit_view(self.scope, self.target)
+
+
+@dataclass(frozen=True, slots=True)
+class SetLimit(LoopCommand[dict[str, Any] | None]):
+    """Set a runtime limit (replacing the settings' one of the same scope and target);
+    answers the limit in force after it."""
+
+    scope: str
+    target: str
+    max_inflight: int | None = None
+    rate: float | None = None
+    burst: int | None = None
+    by: str | None = None
+    reason: str = ""
+
+    def decide(self, core: Dispatcher, now: float) -> list[Event]:
+        return core.set_limit(
+            self.scope, self.target, now, max_inflight=self.max_inflight, rate=self.rate,
+            burst=self.burst, by=self.by, reason=self.reason,
+        )  # fmt: skip
+
+    def answer(self, core: Dispatcher, events: list[Event]) -> dict[str, Any] | None:
+        return core.limit_view(self.scope, self.target)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveLimit(LoopCommand[tuple[bool, dict[str, Any] | None]]):
+    """Remove a runtime limit; answers whether there was one, and the limit that applies
+    after it (the settings' one of the same scope and target, if any)."""
+
+    scope: str
+    target: str
+    by: str | None = None
+
+    def decide(self, core: Dispatcher, now: float) -> list[Event]:
+        return core.remove_limit(self.scope, self.target, now, by=self.by)
+
+    def answer(self, core: Dispatcher, events: list[Event]) -> tuple[bool, dict[str, Any] | None]:
+        removed = any(type(event) is LimitRemoved for event in events)
+        return removed, core.limit_view(self.scope, self.target)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dispatch.core._validate import ID_PATTERN, ID_RULE
 from dispatch.core.bounds import MAX_ID_LENGTH, MAX_JSON_DEPTH
@@ -15,9 +15,11 @@ from dispatch.core.commands import (
     MAX_ATTEMPTS_LIMIT,
     MAX_DELAY_S,
     MAX_EXEC_LENGTH,
+    MAX_KEY_LENGTH,
     MAX_TIMEOUT_S,
 )
 from dispatch.core.job import PRIORITY_MAX, PRIORITY_MIN
+from dispatch.core.limits import MAX_BURST, MAX_INFLIGHT, MAX_LIMIT_REASON, MAX_RATE
 from dispatch.core.progress import MAX_PROGRESS_MESSAGE, MAX_PROGRESS_NUMBER
 from dispatch.core.retry import MAX_RETRY_DELAY_S
 
@@ -113,6 +115,12 @@ class JobSubmission(_Body):
         "and reaching it fails the attempt (`time_limit`) and stops its worker (default: the "
         "exec's, from the settings)",
         json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_DELAY_S},
+    )
+    key: str | None = Field(
+        None,
+        description="A concurrency key (`account:42`): the key limits in force bound how many "
+        "jobs of one key run at once and how fast they start (`/v1/limits/key/...`)",
+        json_schema_extra={"minLength": 1, "maxLength": MAX_KEY_LENGTH},
     )
 
 
@@ -255,6 +263,77 @@ class PauseList(BaseModel):
 
 class PauseBody(_Body):
     reason: str = Field("", max_length=1_000, description="Why (kept with the pause)")
+
+
+LimitScope = Literal["client", "exec", "key"]
+
+
+class LimitView(BaseModel):
+    """A limit in force: a runtime one (set through the API, an event in the log) or one of
+    the settings' (`[dispatcher.limits.<scope>."<target>"]`)."""
+
+    scope: LimitScope
+    target: str = Field(
+        description="A client id; an exec pattern (`image.>`: one budget shared by every "
+        "exec it matches); a concurrency key, or a key pattern ending in `*` (`account:*`: "
+        "a budget for each key with that prefix)"
+    )
+    max_inflight: int | None = Field(description="Jobs running at once (null: no bound)")
+    rate: float | None = Field(description="Starts per second (null: no bound)")
+    burst: int | None = Field(description="Starts the rate's token bucket holds")
+    source: Literal["runtime", "settings"] = Field(
+        description="runtime: set through the API (replaces the settings' limit of the same "
+        "scope and target until removed)"
+    )
+    by: str | None = Field(None, description="The name of the key that set it (runtime)")
+    reason: str = ""
+    at: float | None = Field(None, description="When it was set (runtime)")
+    inflight: int | None = Field(
+        None,
+        description="Jobs it counts running now (client, exec, an exact key; null for a key "
+        "pattern, whose budgets are per key)",
+    )
+    held: int = Field(0, description="Queued jobs it holds back now")
+
+
+class LimitList(BaseModel):
+    limits: list[LimitView]
+
+
+class LimitBody(_Body):
+    """A runtime limit: `max_inflight`, `rate` (with `burst`), or both."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_inflight: int | None = Field(
+        None, ge=1, le=MAX_INFLIGHT, description="Jobs running at once"
+    )
+    rate: float | None = Field(
+        None, gt=0, le=MAX_RATE, allow_inf_nan=False, description="Starts per second"
+    )
+    burst: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_BURST,
+        description="Starts at once after a quiet spell (with `rate`; default: the rate, "
+        "rounded up)",
+    )
+    reason: str = Field("", max_length=MAX_LIMIT_REASON, description="Why (kept with the limit)")
+
+    @model_validator(mode="after")
+    def _knobs(self) -> LimitBody:
+        if self.max_inflight is None and self.rate is None:
+            raise ValueError("give max_inflight, rate, or both")
+        if self.burst is not None and self.rate is None:
+            raise ValueError("burst: only with a rate")
+        return self
+
+
+class LimitRemovedAnswer(BaseModel):
+    removed: bool = Field(description="False: no runtime limit of that scope and target")
+    limit: LimitView | None = Field(
+        description="The limit that applies now (the settings' one, if any)"
+    )
 
 
 class QueueList(BaseModel):

@@ -1,4 +1,5 @@
-"""The job commands of `dispatch`: `submit`, `status ID`, `dlq list`, `dlq redrive`, `worker`.
+"""The job commands of `dispatch`: `submit`, `status ID`, `cancel`, `pause`, `resume`, `purge`,
+`limits`, `dlq list`, `dlq redrive`, `worker`.
 
 `register(app)` adds them to the `dispatch` Typer app. Output is for people (rich), or one
 JSON document on stdout with `--json`; an error is one line on stderr. Exit codes (the one
@@ -46,7 +47,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from typer.models import CommandInfo
 
-    from dispatch.client import Accepted, Client, Job, Pause, Submission
+    from dispatch.client import Accepted, Client, Job, Limit, Pause, Submission
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -187,6 +188,8 @@ def _show_job(job: Job) -> None:
         rows.append(("time limit", f"{job.max_run_s:g} s an attempt"))
     if job.cancel_requested_at is not None:
         rows.append(("cancel asked", _when(job.cancel_requested_at)))
+    if job.key is not None:
+        rows.append(("key", escape(job.key)))
     if job.status == "succeeded":
         rows.append(("result", escape(_short_json(job.result))))
     if job.error:
@@ -278,6 +281,10 @@ def submit(
             "--max-run", min=0, help="Stop an attempt that runs S seconds (a hard limit)."
         ),
     ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option("--key", help="A concurrency key (account:42), which key limits apply to."),
+    ] = None,
     url: UrlOption = None,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
@@ -300,10 +307,12 @@ def submit(
     try:
         submission = Submission(
             exec=exec_name, payload=_parse_payload(payload), id=job_id, max_attempts=max_attempts,
-            priority=priority, delay_s=delay, ttl_s=ttl, max_run_s=max_run,
+            priority=priority, delay_s=delay, ttl_s=ttl, max_run_s=max_run, key=key,
         )  # fmt: skip
     except ValidationError as error:
-        _fail(str(error.errors()[0]["msg"]), EXIT_USAGE)
+        problem = error.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        _fail(f"{where}: {problem['msg']}" if where else str(problem["msg"]), EXIT_USAGE)
     with _client(url, api_key) as client:
         accepted = client.submit(**submission.to_body())
         if accepted.warning:  # e.g. no worker serves the exec: the job would wait in silence
@@ -607,6 +616,122 @@ def purge(
         Console().print(f"purged {answer['cancelled']} queued job(s)")
 
 
+# --- limits ---------------------------------------------------------------------------------
+
+LIMIT_SCOPES = ("client", "exec", "key")
+
+
+def _limit_scope(scope: str) -> str:
+    if scope not in LIMIT_SCOPES:
+        _fail(f"SCOPE: client, exec or key, not {scope!r}", EXIT_USAGE)
+    return scope
+
+
+def _knob(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _show_limits(limits: list[Limit], as_json: bool) -> None:
+    if as_json:
+        _print_json([limit.model_dump() for limit in limits])
+        return
+    if not limits:
+        Console().print("no limits are in force")
+        return
+    table = Table("scope", "target", "max inflight", "rate/s", "burst", "inflight", "held",
+                  "source", "by", "reason")  # fmt: skip
+    for limit in limits:
+        table.add_row(
+            limit.scope, escape(limit.target), _knob(limit.max_inflight), _knob(limit.rate),
+            _knob(limit.burst), _knob(limit.inflight), str(limit.held), limit.source,
+            escape(limit.by or "-"), escape(limit.reason),
+        )  # fmt: skip
+    Console().print(table)
+
+
+ScopeArgument = Annotated[
+    str, typer.Argument(metavar="SCOPE", help="client, exec or key.", show_default=False)
+]
+TargetArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="TARGET",
+        help="A client id; an exec pattern (image.>); a key (account:42) or key pattern "
+        "(account:*).",
+        show_default=False,
+    ),
+]
+
+
+def limits_list(
+    context: typer.Context,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Runtime limits: `limits` lists every limit in force (runtime and settings', with the
+    jobs each counts running and holds back), `limits set` sets one, `limits rm` removes
+    one. Admin commands (the admin development key by default)."""
+    if context.invoked_subcommand is not None:
+        return
+    with _client(url, api_key, "admin") as client:
+        _show_limits(client.limits(), as_json)
+
+
+def limits_set(
+    scope: ScopeArgument,
+    target: TargetArgument,
+    max_inflight: Annotated[
+        int | None, typer.Option("--max-inflight", help="Jobs running at once (>= 1).")
+    ] = None,
+    rate: Annotated[float | None, typer.Option("--rate", help="Starts per second (> 0).")] = None,
+    burst: Annotated[
+        int | None,
+        typer.Option("--burst", help="Starts at once after a quiet spell (with --rate)."),
+    ] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why (kept with the limit).")] = "",
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Set a runtime limit of a client, an exec pattern (one budget for all it matches) or a
+    concurrency key (a pattern ending in * gives each key its own): --max-inflight jobs
+    running at once and/or --rate starts a second. It replaces the limit of the same scope
+    and target (the settings' one too, until `limits rm`)."""
+    _limit_scope(scope)
+    if max_inflight is None and rate is None:
+        _fail("give --max-inflight, --rate, or both", EXIT_USAGE)
+    if burst is not None and rate is None:
+        _fail("--burst: only with --rate", EXIT_USAGE)
+    with _client(url, api_key, "admin") as client:
+        limit = client.set_limit(
+            scope, target, max_inflight=max_inflight, rate=rate, burst=burst, reason=reason
+        )
+    _show_limits([limit], as_json)
+
+
+def limits_rm(
+    scope: ScopeArgument,
+    target: TargetArgument,
+    url: UrlOption = None,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove a runtime limit: the settings' limit of the same scope and target (if any)
+    applies again, and what it held starts."""
+    _limit_scope(scope)
+    with _client(url, api_key, "admin") as client:
+        answer = client.remove_limit(scope, target)
+    if as_json:
+        _print_json(answer.model_dump())
+        return
+    said = "removed" if answer.removed else "no runtime limit was set for"
+    Console().print(f"{said} {scope} {escape(target)}")
+    if answer.limit is not None:
+        Console().print("in force now, from the settings:")
+        _show_limits([answer.limit], as_json=False)
+
+
 # --- worker ---------------------------------------------------------------------------------
 
 
@@ -720,6 +845,14 @@ def register(app: typer.Typer) -> None:
     app.command("pause")(pause)
     app.command("resume")(resume)
     app.command("purge")(purge)
+    limits = typer.Typer(
+        help=limits_list.__doc__,
+        rich_markup_mode="markdown",
+    )
+    limits.callback(invoke_without_command=True)(limits_list)
+    limits.command("set")(limits_set)
+    limits.command("rm")(limits_rm)
+    app.add_typer(limits, name="limits")
     dlq = typer.Typer(
         help="Read and repair the dead-letter queue.",
         no_args_is_help=True,

@@ -72,6 +72,8 @@ MAX_WAIT_PER_REQUEST_S = 60.0
 """The server's cap on `?wait=`; longer waits are made of several long-polls."""
 TERMINAL_STATUSES: frozenset[str] = frozenset(status.value for status in _CORE_TERMINAL_STATUSES)
 """The core's terminal statuses, as the strings `Job.status` holds."""
+MAX_KEY_LENGTH = 200
+"""The longest concurrency key (`key` of a submission; the server's bound)."""
 STREAM_PATH = "/v1/stream"
 STREAM_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 """The largest message the SDK reads from `WS /v1/stream`. websockets' default (1 MiB) is less
@@ -635,6 +637,35 @@ class Pause(_Answer):
     reason: str = ""
 
 
+class Limit(_Answer):
+    """A limit in force (`GET /v1/limits`): at most `max_inflight` jobs of `target` running
+    at once and/or at most `rate` starts a second (a token bucket of `burst`). `scope`:
+    `client` (a client id), `exec` (an exec pattern, one budget for all it matches) or `key`
+    (a concurrency key, or a key pattern ending in `*`: a budget per key). `source`:
+    `runtime` (set through the API, by `by`) or `settings`. `inflight`: the jobs it counts
+    running now (None for a key pattern); `held`: the queued jobs it holds back now."""
+
+    scope: str
+    target: str
+    max_inflight: int | None = None
+    rate: float | None = None
+    burst: int | None = None
+    source: str = "runtime"
+    by: str | None = None
+    reason: str = ""
+    at: float | None = None
+    inflight: int | None = None
+    held: int = 0
+
+
+class RemovedLimit(_Answer):
+    """The answer of `remove_limit`: whether a runtime limit was removed, and the limit that
+    applies now (the settings' one of the same scope and target), if any."""
+
+    removed: bool
+    limit: Limit | None = None
+
+
 class WorkerInfo(_Answer):
     worker_id: str
     subjects: list[str]
@@ -673,6 +704,9 @@ class Submission(BaseModel):
     max_run_s: float | None = Field(None, gt=0)
     """Hard time limit of each attempt, heartbeats or not: past it the attempt is stopped
     and the job retried (`dead` with `time_limit` after its last attempt)."""
+    key: str | None = Field(None, min_length=1, max_length=MAX_KEY_LENGTH)
+    """A concurrency key (`account:42`): the key limits in force bound how many jobs of one
+    key run at once and how fast they start."""
 
     def to_body(self) -> dict[str, Any]:
         """The JSON body, with an id made here when absent: a retried submit stays one job."""
@@ -839,6 +873,24 @@ class _Calls:
         return _Call("DELETE", path, _models(Pause, "pauses"))
 
     @staticmethod
+    def limits() -> _Call[list[Limit]]:
+        return _Call("GET", "/v1/limits", _models(Limit, "limits"))
+
+    @staticmethod
+    def limit(scope: str, target: str) -> _Call[Limit]:
+        return _Call("GET", _limit_path(scope, target), _model(Limit))
+
+    @staticmethod
+    def set_limit(scope: str, target: str, body: dict[str, Any]) -> _Call[Limit]:
+        # Idempotent: setting the limit in force again changes nothing.
+        return _Call("PUT", _limit_path(scope, target), _model(Limit), body=body)
+
+    @staticmethod
+    def remove_limit(scope: str, target: str) -> _Call[RemovedLimit]:
+        # A repeat after a lost answer says `removed: false`, and changes nothing.
+        return _Call("DELETE", _limit_path(scope, target), _model(RemovedLimit))
+
+    @staticmethod
     def dlq(exec_name: str | None, limit: int) -> _Call[list[Job]]:
         params: dict[str, Any] = {"limit": limit}
         if exec_name is not None:
@@ -860,6 +912,27 @@ class _Calls:
     @staticmethod
     def leader() -> _Call[LeaderInfo]:
         return _Call("GET", "/v1/leader", _model(LeaderInfo))
+
+
+def _limit_path(scope: str, target: str) -> str:
+    # The target is the path's rest: a key may hold `/`, encoded as any other character; a
+    # key `.` or `..` is encoded too, or the URL's dot segments would be resolved away.
+    quoted = _quote(target)
+    if quoted in (".", ".."):
+        quoted = quoted.replace(".", "%2E")
+    return f"/v1/limits/{_quote(scope)}/{quoted}"
+
+
+def _limit_body(
+    max_inflight: int | None, rate: float | None, burst: int | None, reason: str
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"max_inflight": max_inflight, "rate": rate, "burst": burst}
+    body = {name: value for name, value in body.items() if value is not None}
+    if not body:
+        raise ValueError("give max_inflight, rate, or both")
+    if reason:
+        body["reason"] = reason
+    return body
 
 
 def _quote(job_id: str) -> str:
@@ -980,18 +1053,20 @@ class Client(_Base):
         expires_at: float | None = None,
         ttl_s: float | None = None,
         max_run_s: float | None = None,
+        key: str | None = None,
     ) -> Accepted:
         """Submit one job; answered once the dispatcher's log holds it. The same `id` again
         answers the existing job (`existing=True`). `retry` sets the job's own delays
         between attempts (`{"delay_s": 5, "multiplier": 2, "max_delay_s": 600, "jitter":
         0.2}`, any of them); `ttl_s` or `expires_at` the time after which it must not start
         (it ends `expired`); `max_run_s` the hard time limit of each attempt (stopped past
-        it, heartbeats or not)."""
+        it, heartbeats or not); `key` its concurrency key (`account:42`), which the key
+        limits in force apply to."""
         submission = submission_of(
             {"exec": exec, "payload": payload, "id": id, "max_attempts": max_attempts,
              "timeout_s": timeout_s, "priority": priority, "delay_s": delay_s,
              "client_id": client_id, "retry": None if retry is None else dict(retry),
-             "expires_at": expires_at, "ttl_s": ttl_s, "max_run_s": max_run_s}
+             "expires_at": expires_at, "ttl_s": ttl_s, "max_run_s": max_run_s, "key": key}
         )  # fmt: skip
         return self._run(_Calls.submit(submission.to_body()))
 
@@ -1066,6 +1141,40 @@ class Client(_Base):
     def resume(self, scope: str, target: str) -> list[Pause]:
         """End exactly that pause; what it held starts at once (admin)."""
         return self._run(_Calls.resume(scope, target))
+
+    def limits(self) -> list[Limit]:
+        """Every limit in force, runtime and settings' ones, with what each counts running
+        and holds back now (admin)."""
+        return self._run(_Calls.limits())
+
+    def limit(self, scope: str, target: str) -> Limit:
+        """The limit in force for exactly this scope and target (admin; `NotFound` if
+        none)."""
+        return self._run(_Calls.limit(scope, target))
+
+    def set_limit(
+        self,
+        scope: str,
+        target: str,
+        *,
+        max_inflight: int | None = None,
+        rate: float | None = None,
+        burst: int | None = None,
+        reason: str = "",
+    ) -> Limit:
+        """Limit a client (`scope="client"`, a client id), an exec pattern (`"exec"`,
+        `image.>`: one budget for every exec it matches) or a concurrency key (`"key"`,
+        `account:42`, or `account:*`: a budget for each key) to `max_inflight` jobs running
+        at once and/or `rate` starts a second (a bucket of `burst`). It replaces the limit of
+        the same scope and target, the settings' one too (admin). Answers the limit in
+        force; `Invalid` names a refused field."""
+        body = _limit_body(max_inflight, rate, burst, reason)
+        return self._run(_Calls.set_limit(scope, target, body))
+
+    def remove_limit(self, scope: str, target: str) -> RemovedLimit:
+        """Remove the runtime limit of this scope and target; the settings' one applies
+        again (`RemovedLimit.limit`), and what it held starts (admin)."""
+        return self._run(_Calls.remove_limit(scope, target))
 
     def dlq(self, exec: str | None = None, limit: int = 100) -> list[Job]:
         """Dead-lettered jobs, oldest first (admin)."""
@@ -1153,13 +1262,14 @@ class AsyncClient(_Base):
         expires_at: float | None = None,
         ttl_s: float | None = None,
         max_run_s: float | None = None,
+        key: str | None = None,
     ) -> Accepted:
         """Submit one job (see `Client.submit`)."""
         submission = submission_of(
             {"exec": exec, "payload": payload, "id": id, "max_attempts": max_attempts,
              "timeout_s": timeout_s, "priority": priority, "delay_s": delay_s,
              "client_id": client_id, "retry": None if retry is None else dict(retry),
-             "expires_at": expires_at, "ttl_s": ttl_s, "max_run_s": max_run_s}
+             "expires_at": expires_at, "ttl_s": ttl_s, "max_run_s": max_run_s, "key": key}
         )  # fmt: skip
         return await self._run(_Calls.submit(submission.to_body()))
 
@@ -1222,6 +1332,30 @@ class AsyncClient(_Base):
 
     async def resume(self, scope: str, target: str) -> list[Pause]:
         return await self._run(_Calls.resume(scope, target))
+
+    async def limits(self) -> list[Limit]:
+        """Every limit in force (admin; see `Client.limits`)."""
+        return await self._run(_Calls.limits())
+
+    async def limit(self, scope: str, target: str) -> Limit:
+        return await self._run(_Calls.limit(scope, target))
+
+    async def set_limit(
+        self,
+        scope: str,
+        target: str,
+        *,
+        max_inflight: int | None = None,
+        rate: float | None = None,
+        burst: int | None = None,
+        reason: str = "",
+    ) -> Limit:
+        """Set a runtime limit (admin; see `Client.set_limit`)."""
+        body = _limit_body(max_inflight, rate, burst, reason)
+        return await self._run(_Calls.set_limit(scope, target, body))
+
+    async def remove_limit(self, scope: str, target: str) -> RemovedLimit:
+        return await self._run(_Calls.remove_limit(scope, target))
 
     async def dlq(self, exec: str | None = None, limit: int = 100) -> list[Job]:
         return await self._run(_Calls.dlq(exec, limit))

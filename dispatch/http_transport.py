@@ -255,8 +255,10 @@ class AsyncTransport:
 
     def __init__(self, pool_size: int = POOL_SIZE) -> None:
         import aiohttp
+        import yarl
 
         self._aiohttp = aiohttp
+        self._yarl = yarl
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
@@ -296,8 +298,11 @@ class AsyncTransport:
     ) -> Answer:
         aiohttp = self._aiohttp
         try:
+            # Already encoded by the client: left as is, so an encoded `%2E%2E` path segment
+            # (a job id or key `..`) is not turned back into `..` and resolved away.
             async with self._open().request(
-                method, url, data=body, headers=headers, allow_redirects=False,
+                method, self._yarl.URL(url, encoded=True), data=body, headers=headers,
+                allow_redirects=False,
                 timeout=self._timeout(timeout_s),
             ) as response:  # fmt: skip
                 data = await response.read()

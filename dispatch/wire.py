@@ -98,6 +98,9 @@ class JobView(_SentInFull):
         description="The latest progress its worker reported for the current attempt: "
         "{done, total, message, at} (null: none)",
     )
+    key: str | None = Field(
+        None, description="Its concurrency key, which the key limits apply to (null: none)"
+    )
 
     @property
     def terminal(self) -> bool:
@@ -161,6 +164,7 @@ def job_view_of(job: JobRecord) -> dict[str, Any]:
     record["run_limit_at"] = job.run_limit_at
     record["cancel_requested_at"] = job.cancel_requested_at
     record["progress"] = job.progress
+    record["key"] = job.key
     return {name: record[name] for name in _JOB_VIEW_FIELDS}
 
 

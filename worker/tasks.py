@@ -51,6 +51,7 @@ class SubmitOptions(TypedDict, total=False):
     expires_at: float | None
     ttl_s: float | None
     max_run_s: float | None
+    key: str | None
 
 
 class Submitted(Accepted):

@@ -7,17 +7,27 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query
 
 from dispatch.api.deps import AdminDep, AnyoneDep, NodeDep
+from dispatch.api.errors import ApiError
 from dispatch.api.leader import LeaderUnavailable
 from dispatch.api.loop_commands import (
     ListDeadLetters,
+    ListLimits,
     ListPauses,
     ListQueues,
     ListWorkers,
+    ReadLimit,
     RedriveJob,
+    RemoveLimit,
+    SetLimit,
     SetPause,
 )
 from dispatch.api.schemas import (
     LeaderView,
+    LimitBody,
+    LimitList,
+    LimitRemovedAnswer,
+    LimitScope,
+    LimitView,
     PauseBody,
     PauseList,
     QueueList,
@@ -87,6 +97,68 @@ async def resume(
     held starts at once. Answers the pauses in force."""
     command = SetPause(scope, target, False, by=principal.name)
     return {"pauses": await node.call(command)}
+
+
+_LIMIT_ERRORS = error_responses(
+    {422: "The scope, target, a knob (max_inflight, rate, burst) or the reason is refused"}
+)
+
+
+@router.get("/limits", response_model=LimitList)
+async def limits(node: NodeDep, _principal: AdminDep) -> dict[str, Any]:
+    """Every limit in force: the runtime ones (oldest first) and the settings' ones, each
+    with the jobs it counts running (`inflight`) and the queued jobs it holds (`held`)."""
+    return {"limits": await node.call(ListLimits())}
+
+
+@router.get(
+    "/limits/{scope}/{target:path}",
+    response_model=LimitView,
+    responses=error_responses({404: "No limit of that scope and target is in force"}),
+)
+async def read_limit(
+    scope: LimitScope, target: str, node: NodeDep, _principal: AdminDep
+) -> dict[str, Any]:
+    """The limit in force for exactly this scope and target (a runtime one, else the
+    settings' one)."""
+    view = await node.call(ReadLimit(scope, target))
+    if view is None:
+        raise ApiError(404, f"no {scope} limit {target!r} is in force")
+    return view
+
+
+@router.put("/limits/{scope}/{target:path}", response_model=LimitView, responses=_LIMIT_ERRORS)
+async def set_limit(
+    scope: LimitScope, target: str, body: LimitBody, node: NodeDep, principal: AdminDep
+) -> dict[str, Any]:
+    """Set a runtime limit: at most `max_inflight` jobs running at once and/or at most
+    `rate` starts a second (a token bucket of `burst`). Scopes: `client` (a client id: its
+    `max_inflight` replaces the client's configured cap), `exec` (an exec pattern: one budget
+    shared by every exec it matches), `key` (a concurrency key `account:42`, or a pattern
+    ending in `*`, `account:*`: a budget for each key). It replaces wholly the limit of the
+    same scope and target (the settings' one too, until removed). Running jobs go on when it
+    is lowered; nothing new starts until they are below it. Answers the limit in force."""
+    command = SetLimit(
+        scope, target, max_inflight=body.max_inflight, rate=body.rate, burst=body.burst,
+        by=principal.name, reason=body.reason,
+    )  # fmt: skip
+    view = await node.call(command)
+    if view is None:  # the core keeps what it accepted: a bug if not
+        raise ApiError(500, f"the {scope} limit {target!r} was set but is not in force")
+    return view
+
+
+@router.delete(
+    "/limits/{scope}/{target:path}", response_model=LimitRemovedAnswer, responses=_LIMIT_ERRORS
+)
+async def remove_limit(
+    scope: LimitScope, target: str, node: NodeDep, principal: AdminDep
+) -> dict[str, Any]:
+    """Remove the runtime limit of this scope and target (`removed` false: there was none);
+    the settings' limit of the same scope and target applies again (`limit`, null: none).
+    What it held starts at once, within the limits left."""
+    removed, view = await node.call(RemoveLimit(scope, target, by=principal.name))
+    return {"removed": removed, "limit": view}
 
 
 @router.get("/queues", response_model=QueueList)

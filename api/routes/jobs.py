@@ -70,6 +70,7 @@ def to_request(body: JobSubmission, principal: Principal, where: str = "body") -
             expires_at=body.expires_at,
             ttl_s=body.ttl_s,
             max_run_s=body.max_run_s,
+            key=body.key,
         )
     except ValueError as error:
         raise ApiError(422, f"{where}.{error}") from None

@@ -9,13 +9,14 @@ the live counts are a read command on the leader loop like every other read of t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from dispatch.api.deps import AdminDep, NodeDep
-from dispatch.api.loop_commands import ListPauses, ReadClientLoads
+from dispatch.api.loop_commands import ListLimits, ListPauses, ReadClientLoads
 from dispatch.core.queries import ClientLoad, ClientLoads
 from dispatch.delta.tenants import (
     TenantReport,
@@ -57,11 +58,24 @@ class ExecTenant(TenantFigures):
     exec: str
 
 
+class TenantLimit(BaseModel):
+    max_inflight: int | None = Field(description="Its jobs running at once (null: no bound)")
+    rate: float | None = Field(description="Its starts per second (null: no bound)")
+    burst: int | None
+    source: str = Field(description="runtime (set through /v1/limits) or settings")
+
+
 class Tenant(TenantFigures):
     client_id: str
     paused: bool = Field(False, description="A pause holds the client: nothing new starts")
+    limit: TenantLimit | None = Field(
+        None, description="The client limit in force (`/v1/limits/client/{client_id}`), or null"
+    )
     wait_target_s: float = Field(description="The client's queue-wait target (settings)")
     execs: list[ExecTenant] = Field(description="Per exec, by name")
+
+
+_TENANT_LIMIT_FIELDS = tuple(TenantLimit.model_fields)
 
 
 class TenantList(BaseModel):
@@ -83,16 +97,18 @@ def tenant_list(
     loads: ClientLoads,
     tenants: TenantSettings,
     paused: frozenset[str] = frozenset(),
+    limits: Mapping[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The window's reports joined with the live loads; a client with jobs now but none in
-    the statistics (a new one, or one whose jobs never started), or paused, is listed with
-    zero counts."""
+    the statistics (a new one, or one whose jobs never started), paused, or limited, is
+    listed with zero counts. `limits`: the client limits in force, by client id."""
+    limits = limits or {}
     live_execs: dict[str, dict[str, ClientLoad]] = {}
     for (client_id, exec_name), load in loads.by_client_exec.items():
         live_execs.setdefault(client_id, {})[exec_name] = load
     live_totals = loads.per_client()
     out: list[dict[str, Any]] = []
-    for client_id in sorted(reports.keys() | live_execs.keys() | paused):
+    for client_id in sorted(reports.keys() | live_execs.keys() | paused | limits.keys()):
         report = reports.get(client_id)
         if report is None:
             report = TenantReport(client_id, tenants.wait_target_for(client_id)).finish()
@@ -111,6 +127,7 @@ def tenant_list(
             {
                 "client_id": client_id,
                 "paused": client_id in paused,
+                "limit": limits.get(client_id),
                 "wait_target_s": report.target_s,
                 **_figures(report.total, total_load),
                 "execs": execs,
@@ -138,6 +155,11 @@ async def tenants(
     paused = frozenset(
         pause["target"] for pause in await node.call(ListPauses()) if pause["scope"] == "client"
     )
+    limits = {
+        view["target"]: {name: view[name] for name in _TENANT_LIMIT_FIELDS}
+        for view in await node.call(ListLimits())
+        if view["scope"] == "client"
+    }
     since = window_start(until, minutes)
     rows = await asyncio.to_thread(read_window, Warehouse.of(settings), group, since, until)
     reports = tenant_reports(rows, settings.tenants.wait_target_for)
@@ -146,5 +168,5 @@ async def tenants(
         "minutes": minutes,
         "since": since,
         "until": until,
-        "tenants": tenant_list(reports, loads, settings.tenants, paused),
+        "tenants": tenant_list(reports, loads, settings.tenants, paused, limits),
     }

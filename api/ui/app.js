@@ -400,14 +400,17 @@ function showTenants(listing) {
     {
       className: "id",
       render(cell, tenant) {
-        // A paused client starts nothing new: marked, so its growing queue is not a mystery.
-        const key = `${tenant.client_id}|${tenant.paused}`;
+        // A paused client starts nothing new: marked, so its growing queue is not a mystery;
+        // and so is a limited one, with its limit.
+        const limit = tenant.limit ?? null;
+        const key = `${tenant.client_id}|${tenant.paused}|${limit ? `${limitText(limit)}|${limit.source}` : ""}`;
         if (cell.dataset.key !== key) {
           cell.dataset.key = key;
           const name = document.createElement("span");
           name.textContent = tenant.client_id;
           cell.replaceChildren(name);
           if (tenant.paused) cell.append(" ", pausedBadge());
+          if (limit) cell.append(" ", limitBadge(limit));
         }
         cell.title = tenant.execs.map((row) => `${row.exec}: ${row.breaches} breaches of ${row.queue_wait_n}`).join("\n");
       },
@@ -430,6 +433,52 @@ function showTenants(listing) {
         cell.title = `${tenant.breaches} of ${tenant.queue_wait_n} waits over ${duration(tenant.wait_target_s)}`;
       },
     },
+  ]);
+}
+
+// A limit's knobs as "≤ 10 running · 50/s (burst 100)"; "–" for a knob it does not set.
+function limitText(limit) {
+  const parts = [];
+  if (limit.max_inflight != null) parts.push(`≤ ${limit.max_inflight} running`);
+  if (limit.rate != null) parts.push(`${limit.rate}/s (burst ${limit.burst ?? "–"})`);
+  return parts.join(" · ");
+}
+
+function limitBadge(limit) {
+  const badge = document.createElement("span");
+  badge.className = "limit-badge";
+  badge.dataset.source = limit.source;
+  badge.textContent = limitText(limit);
+  badge.title = `limit (${limit.source}): ${limitText(limit)}`;
+  return badge;
+}
+
+const knob = (value) => (value == null ? "–" : String(value));
+
+function showLimits(limits) {
+  $("limits-count").textContent = `(${limits.length})`;
+  syncRows($("limits"), limits, (limit) => `${limit.scope}|${limit.target}`, [
+    { text: (limit) => limit.scope },
+    { className: "id", text: (limit) => limit.target, title: (limit) => limit.target },
+    { className: "num", text: (limit) => knob(limit.max_inflight) },
+    { className: "num", text: (limit) => knob(limit.rate) },
+    { className: "num", text: (limit) => knob(limit.burst) },
+    { className: "num", text: (limit) => knob(limit.inflight) },
+    {
+      className: "num held",
+      render(cell, limit) {
+        const text = String(limit.held);
+        if (cell.textContent !== text) cell.textContent = text;
+        cell.closest("tr").classList.toggle("holding", limit.held > 0);
+        cell.title = `${limit.held} queued job(s) wait for this limit`;
+      },
+    },
+    {
+      text: (limit) => limit.source,
+      title: (limit) => (limit.source === "runtime" ? `set ${ago(limit.at)}` : "from the settings"),
+    },
+    { text: (limit) => limit.by ?? "–" },
+    { className: "error", text: (limit) => limit.reason ?? "", title: (limit) => limit.reason ?? "" },
   ]);
 }
 
@@ -524,6 +573,7 @@ async function showLookup() {
         : [["time limit", job.run_limit_at == null ? `${job.max_run_s} s an attempt` : `${job.max_run_s} s, stops ${until(job.run_limit_at)}`]]),
       ...(job.cancel_requested_at == null ? [] : [["cancel asked", ago(job.cancel_requested_at)]]),
       ...(job.progress == null ? [] : [["progress", progressText(job.progress)]]),
+      ...(job.key == null ? [] : [["key", job.key]]),
       ["submitted", ago(job.submitted_at)],
       ["updated", ago(job.updated_at)],
       ["error", job.error ?? "–"],
@@ -603,8 +653,9 @@ async function refresh() {
     api(`/v1/dlq?limit=${LIST_LIMIT}`),
     api(`/v1/overview?limit=${LIST_LIMIT}${since}`),
     tenantsDue ? api(`/v1/tenants?minutes=${TENANTS_MINUTES}`) : Promise.resolve(null),
+    api("/v1/limits"),
   ]);
-  const [leader, queues, workers, deadLetters, overview, tenants] = calls.map((call) =>
+  const [leader, queues, workers, deadLetters, overview, tenants, limits] = calls.map((call) =>
     call.status === "fulfilled" ? call.value : null,
   );
   // A failed read is asked for again at the next refresh, not in ten seconds.
@@ -625,6 +676,7 @@ async function refresh() {
   if (workers) showWorkers(workers.workers);
   if (deadLetters) showDeadLetters(deadLetters.jobs);
   if (tenants) showTenants(tenants);
+  if (limits) showLimits(limits.limits);
   drawCharts();
   try {
     await showLookup();

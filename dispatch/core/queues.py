@@ -22,6 +22,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
 from dispatch.core.job import JobRecord, JobStatus
+from dispatch.core.limits import TOKEN_SLACK
 from dispatch.core.subjects import assign_subject
 from dispatch.core.workers import WorkerState
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from dispatch.core.limits import ExecGate, RateBucket
 
 _QUEUED = JobStatus.QUEUED
+_ONE_TOKEN = 1.0 - TOKEN_SLACK
 _COMPACT_MIN_STALE = 64
 _KEEP_LEVELS = 8
 _KEEP_LANES = 1024
@@ -372,8 +374,12 @@ class ExecQueue:
                     lane.in_rotation = False
                     continue
                 client = lane.client
+                bucket = client.bucket
                 if client.inflight >= client.room or (
-                    client.bucket is not None
+                    bucket is not None
+                    # The bucket's level, inline (uncapped: a burst is at least 1 token):
+                    # the common case, a token there, costs no call.
+                    and bucket.tokens + (now - bucket.at) * bucket.rate < _ONE_TOKEN
                     and gatekeeper is not None
                     and gatekeeper.client_blocked(client, now)
                 ):

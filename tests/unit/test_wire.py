@@ -246,6 +246,7 @@ def _expected_view(record: JobRecord) -> dict[str, Any]:
         "run_limit_at": record.run_limit_at,
         "cancel_requested_at": record.cancel_requested_at,
         "progress": record.progress,
+        "key": record.key,
     }
 
 
@@ -468,6 +469,9 @@ _PROGRESS = st.fixed_dictionaries(
 )
 
 
+_KEYS = st.text(alphabet="abc:0123456789-/ ", min_size=1, max_size=12)
+
+
 @st.composite
 def _records(draw: st.DrawFn, status: JobStatus | None = None) -> JobRecord:
     status = draw(st.sampled_from(JobStatus)) if status is None else status
@@ -501,6 +505,7 @@ def _records(draw: st.DrawFn, status: JobStatus | None = None) -> JobRecord:
         run_limit_at=draw(st.none() | _TIMES) if running else None,
         cancel_requested_at=draw(st.none() | _TIMES) if running else None,
         progress=draw(st.none() | _PROGRESS),
+        key=draw(st.none() | _KEYS),
     )
     check_record(record)
     return record

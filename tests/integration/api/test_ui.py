@@ -302,6 +302,46 @@ def test_a_paused_queue_is_marked_and_the_look_up_shows_progress(
     dashboard.check_clean()
 
 
+def test_the_limits_panel_shows_each_limit_and_what_it_holds_and_tenants_their_limit(
+    dashboard: Dashboard, api_node: RunningNode
+) -> None:
+    page = dashboard.page
+    dashboard.open()
+    with api_node.client("admin") as admin, api_node.client("worker") as worker:
+        limit = {"max_inflight": 1, "reason": "one at a time"}
+        admin.put("/v1/limits/key/ui:acct", json=limit).raise_for_status()
+        admin.put("/v1/limits/client/ui-tenant", json={"max_inflight": 5, "rate": 2})
+        for n in range(3):
+            body = {"id": f"ui-k{n}", "exec": "ui.keyed", "key": "ui:acct",
+                    "client_id": "ui-tenant"}  # fmt: skip
+            admin.post("/v1/jobs", json=body).raise_for_status()
+        _take(worker, "ui-worker", "ui-k0")
+        # A worker with room: the limit holds the other two back.
+        assert poll(worker, "ui-worker", SUBJECTS, credits=3, wait_s=0.3) == []
+
+        row = page.locator("#limits tr[data-key='key|ui:acct']")
+        cells = row.locator("td")
+        expect(cells.nth(1)).to_have_text("ui:acct")
+        expect(cells.nth(2)).to_have_text("1")
+        expect(cells.nth(3)).to_have_text(NO_VALUE)
+        expect(cells.nth(5)).to_have_text("1")  # running
+        expect(cells.nth(6)).to_have_text("2")  # held
+        expect(row).to_have_class(re.compile(r"\bholding\b"))
+        expect(cells.nth(7)).to_have_text("runtime")
+        expect(cells.nth(8)).to_have_text("dev-admin")
+        expect(cells.nth(9)).to_have_text("one at a time")
+        tenant = page.locator("#tenants tr[data-key='ui-tenant'] .limit-badge")
+        expect(tenant).to_have_text("≤ 5 running · 2/s (burst 2)")
+
+        page.fill("#lookup-id", "ui-k1")
+        page.click("#lookup-go")
+        expect(page.locator("#lookup-result dd[data-field='key']")).to_have_text("ui:acct")
+
+        admin.delete("/v1/limits/key/ui:acct").raise_for_status()
+        expect(row).to_have_count(0)
+    dashboard.check_clean()
+
+
 def test_a_queue_no_worker_serves_is_marked_until_one_joins(
     dashboard: Dashboard, api_node: RunningNode
 ) -> None:

@@ -359,3 +359,42 @@ def test_pause_resume_purge_and_cancel_from_the_shell(api_node: RunningNode) -> 
     with Client(api_node.url, api_key=api_node.keys["client"]) as client:
         assert [client.get(f"c{n}").status for n in range(3)] == ["cancelled"] * 3
         assert client.get("c0").error == "not needed"
+
+
+def test_limits_set_list_and_remove_from_the_shell(api_node: RunningNode) -> None:
+    empty = _run(api_node, "limits")
+    assert empty.exit_code == 0 and "no limits are in force" in empty.stdout, empty.output
+    limited = _run(api_node, "limits", "set", "key", "cli:acct", "--max-inflight", "1",
+                   "--reason", "one at a time")  # fmt: skip
+    assert limited.exit_code == 0, limited.output
+    assert "cli:acct" in limited.stdout and "one at a time" in limited.stdout
+    rated = _run(api_node, "limits", "set", "exec", "cli.>", "--rate", "2.5", "--json")
+    assert rated.exit_code == 0, rated.output
+    views = _json(rated)
+    assert isinstance(views, list) and len(views) == 1
+    assert (views[0]["rate"], views[0]["burst"], views[0]["source"]) == (2.5, 3, "runtime")
+
+    for n in range(2):
+        submitted = _run(api_node, "submit", "cli.keyed", "--id", f"ck{n}", "--key", "cli:acct")
+        assert submitted.exit_code == 0, submitted.output
+    with Client(api_node.url, api_node.keys["client"]) as client:
+        assert visible(client, "ck1").key == "cli:acct"
+    shown = _run(api_node, "status", "ck0")
+    assert shown.exit_code == 0 and "cli:acct" in shown.stdout, shown.output
+
+    listed = _json(_run(api_node, "limits", "--json"))
+    assert isinstance(listed, list)
+    assert sorted((limit["scope"], limit["target"]) for limit in listed) == [
+        ("exec", "cli.>"), ("key", "cli:acct"),
+    ]  # fmt: skip
+    table = _run(api_node, "limits")
+    assert table.exit_code == 0 and "cli:acct" in table.stdout and "cli.>" in table.stdout
+
+    refused = _run(api_node, "limits", "set", "key", "a*b", "--max-inflight", "1")
+    assert refused.exit_code == EXIT_ERROR and "key" in refused.stderr, refused.output
+    removed = _run(api_node, "limits", "rm", "key", "cli:acct")
+    assert removed.exit_code == 0 and "removed key cli:acct" in removed.stdout, removed.output
+    again = _run(api_node, "limits", "rm", "key", "cli:acct", "--json")
+    assert again.exit_code == 0 and _json(again) == {"removed": False, "limit": None}
+    as_client = _run(api_node, "limits", role="client")
+    assert as_client.exit_code == EXIT_ERROR and as_client.stderr.startswith("error: forbidden:")

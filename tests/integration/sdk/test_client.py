@@ -249,3 +249,69 @@ def test_the_sync_client_cancels_with_a_reason_and_bulk(api_node: RunningNode) -
         assert admin.get("q2").status == "cancelled"
         with pytest.raises(Forbidden):
             client.cancel_many(exec="sdk.*")
+
+
+# --- limits -----------------------------------------------------------------------------------
+
+
+def test_limits_set_read_and_removed_and_a_keyed_job_waits_its_turn(
+    api_node: RunningNode,
+) -> None:
+    with _client(api_node) as admin, api_node.client("worker") as worker:
+        limit = admin.set_limit("key", "sdk:acct", max_inflight=1, reason="serial")
+        assert (limit.scope, limit.target, limit.max_inflight, limit.rate) == (
+            "key", "sdk:acct", 1, None,
+        )  # fmt: skip
+        assert (limit.source, limit.by, limit.reason) == ("runtime", "dev-admin", "serial")
+        assert admin.limit("key", "sdk:acct") == limit
+        assert [(lim.scope, lim.target) for lim in admin.limits()] == [("key", "sdk:acct")]
+
+        for n in range(2):
+            admin.submit("sdk.keyed", id=f"kd{n}", key="sdk:acct")
+        assert visible(admin, "kd1").key == "sdk:acct"
+        [first] = poll_until(worker, "w1", SUBJECTS, 1)
+        assert admin.limit("key", "sdk:acct").inflight == 1
+        assert admin.get("kd1").status == "queued"
+
+        rated = admin.set_limit("exec", "sdk.>", rate=100.0)
+        assert (rated.rate, rated.burst) == (100.0, 100)
+        with pytest.raises(Invalid, match="rate"):
+            admin.set_limit("exec", "sdk.>", rate=-1)
+        with pytest.raises(Invalid, match="key"):
+            admin.set_limit("key", "a*b", max_inflight=1)
+        with pytest.raises(Invalid, match=r"body\.key"):
+            admin.submit("sdk.keyed", key="has*star")
+
+        removed = admin.remove_limit("key", "sdk:acct")
+        assert removed.removed and removed.limit is None
+        assert not admin.remove_limit("key", "sdk:acct").removed
+        with pytest.raises(NotFound):
+            admin.limit("key", "sdk:acct")
+        [second] = poll_until(worker, "w1", SUBJECTS, 1)
+        assert {first["id"], second["id"]} == {"kd0", "kd1"}
+        assert admin.remove_limit("exec", "sdk.>").removed
+        # Targets are whole path rests, whatever they hold.
+        for odd in ("..", "a/b?c#d", "key with spaces:é"):
+            assert admin.set_limit("key", odd, max_inflight=1).target == odd
+            assert admin.limit("key", odd).target == odd
+            assert admin.remove_limit("key", odd).removed
+    with _client(api_node, "client") as client, pytest.raises(Forbidden):
+        client.limits()
+
+
+def test_the_async_client_sets_and_removes_limits(api_node: RunningNode) -> None:
+    async def scenario() -> None:
+        async with AsyncClient(api_node.url, api_node.keys["admin"]) as admin:
+            limit = await admin.set_limit("client", "sdk-tenant", max_inflight=3, rate=2.5)
+            assert (limit.max_inflight, limit.rate, limit.burst) == (3, 2.5, 3)
+            assert [lim.target for lim in await admin.limits()] == ["sdk-tenant"]
+            assert (await admin.limit("client", "sdk-tenant")).max_inflight == 3
+            accepted = await admin.submit("sdk.async", id="ak", key="async:1")
+            assert accepted.id == "ak"
+            assert (await admin.remove_limit("client", "sdk-tenant")).removed
+            assert await admin.limits() == []
+            for odd in ("a/b?c#d %2F", "x..", ".."):
+                assert (await admin.set_limit("key", odd, max_inflight=1)).target == odd
+                assert (await admin.remove_limit("key", odd)).removed
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))

@@ -88,7 +88,7 @@ def test_register_adds_the_commands_once_and_keeps_the_stack_status() -> None:
     assert sorted(_names(app)) == [
         "cancel", "pause", "purge", "resume", "status", "submit", "worker",
     ]  # fmt: skip
-    assert [group.name for group in app.registered_groups] == ["dlq"]
+    assert [group.name for group in app.registered_groups] == ["limits", "dlq"]
     result = CliRunner().invoke(app, ["status"])
     assert result.exit_code == 0 and shown == ["stack"]
 
@@ -111,6 +111,12 @@ register(dispatch_app)
         (["resume"], "give --exec PATTERN or --client ID"),
         (["pause", "--exec", "a.*", "--client", "acme"], "give --exec PATTERN or --client ID"),
         (["purge"], "give --exec PATTERN or --client ID"),
+        (["limits", "set", "queue", "x", "--max-inflight", "1"], "SCOPE: client, exec or key"),
+        (["limits", "rm", "tenant", "x"], "SCOPE: client, exec or key"),
+        (["limits", "set", "key", "a"], "give --max-inflight, --rate, or both"),
+        (["limits", "set", "key", "a", "--max-inflight", "1", "--burst", "2"],
+         "--burst: only with --rate"),
+        (["submit", "x.y", "--key", ""], "key: String should have at least 1 character"),
         (["cancel"], "give an ID, or --exec and/or --client"),
         (["cancel", "x", "--status", "done"], "--status: queued, running or any"),
         (["worker", "--app", "dispatch.worker.examples:nothing"], "has no attribute"),
@@ -143,7 +149,8 @@ def test_an_empty_jobs_file_is_a_usage_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "args",
     [["submit", "demo.echo"], ["submit", "demo.echo", "--wait"], ["status", "some-id"],
-     ["dlq", "list"], ["dlq", "redrive", "some-id"]],
+     ["dlq", "list"], ["dlq", "redrive", "some-id"], ["limits"],
+     ["limits", "set", "key", "a", "--max-inflight", "1"], ["limits", "rm", "key", "a"]],
 )  # fmt: skip
 def test_with_nothing_listening_a_command_fails_within_a_second(args: list[str]) -> None:
     from dispatch.stack.ports import free_port

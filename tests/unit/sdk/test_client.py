@@ -459,3 +459,65 @@ def test_max_run_s_is_a_submit_option() -> None:
         client.submit("a.b", id="x", max_run_s=5.5, ttl_s=60)
     assert bodies == [{"exec": "a.b", "payload": None, "id": "x", "priority": 0,
                        "delay_s": 0.0, "ttl_s": 60, "max_run_s": 5.5}]  # fmt: skip
+
+
+def test_key_is_a_submit_option_checked_before_sending() -> None:
+    assert Submission(exec="a.b", key="account:42").to_body()["key"] == "account:42"
+    assert "key" not in Submission(exec="a.b").to_body()
+    for bad in ("", "k" * 201):
+        with pytest.raises(Invalid, match=r"job\.key"):
+            submission_of({"exec": "a.b", "key": bad})
+    with pytest.raises(Invalid, match=r"jobs\[1\]\.key"):
+        Client("http://a:8000", "k").submit_many([{"exec": "a.b"}, {"exec": "a.b", "key": ""}])
+    bodies: list[dict[str, object]] = []
+
+    def node(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(202, json={"id": bodies[-1]["id"], "status": "queued"})
+
+    with Client("http://a:8000", "k") as client:
+        client._transport = HttpxTransport(httpx.MockTransport(node))
+        client.submit("a.b", id="x", key="account:42")
+    assert bodies == [{"exec": "a.b", "payload": None, "id": "x", "priority": 0,
+                       "delay_s": 0.0, "key": "account:42"}]  # fmt: skip
+
+
+_LIMIT = {"scope": "key", "target": "a/b:*", "max_inflight": 2, "rate": None, "burst": None,
+          "source": "runtime", "by": "ops", "reason": "", "at": 5.0, "inflight": None,
+          "held": 0, "added_later": True}  # fmt: skip
+
+
+def test_the_limit_calls_send_their_requests_and_read_the_answers() -> None:
+    seen: list[tuple[str, str, object]] = []
+
+    def node(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        seen.append((request.method, request.url.raw_path.decode(), body))
+        if request.method == "DELETE":
+            return httpx.Response(200, json={"removed": True, "limit": None})
+        if request.url.path == "/v1/limits":
+            return httpx.Response(200, json={"limits": [_LIMIT]})
+        return httpx.Response(200, json=_LIMIT)
+
+    with Client("http://a:8000", "k") as client:
+        client._transport = HttpxTransport(httpx.MockTransport(node))
+        [listed] = client.limits()
+        assert (listed.scope, listed.target, listed.max_inflight, listed.by) == (
+            "key", "a/b:*", 2, "ops",
+        )  # fmt: skip
+        assert client.limit("key", "a/b:*") == listed
+        assert client.set_limit("key", "a/b:*", max_inflight=2) == listed
+        client.set_limit("exec", "image.>", rate=2.5, burst=4, reason="slow down")
+        removed = client.remove_limit("key", "a/b:*")
+        assert removed.removed is True and removed.limit is None
+        client.remove_limit("key", "..")
+        with pytest.raises(ValueError, match="max_inflight, rate, or both"):
+            client.set_limit("key", "a", reason="nothing")
+    assert seen == [
+        ("GET", "/v1/limits", None),
+        ("GET", "/v1/limits/key/a%2Fb%3A%2A", None),
+        ("PUT", "/v1/limits/key/a%2Fb%3A%2A", {"max_inflight": 2}),
+        ("PUT", "/v1/limits/exec/image.%3E", {"rate": 2.5, "burst": 4, "reason": "slow down"}),
+        ("DELETE", "/v1/limits/key/a%2Fb%3A%2A", None),
+        ("DELETE", "/v1/limits/key/%2E%2E", None),
+    ]

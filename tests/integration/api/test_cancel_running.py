@@ -283,9 +283,9 @@ def service(broker_api_settings: Settings, tmp_path: Path) -> Iterator[ServicePr
         yield process
 
 
-def test_a_cancel_and_a_time_limit_survive_a_kill_9(service: ServiceProcess) -> None:
+def test_a_cancel_a_time_limit_and_progress_survive_a_kill_9(service: ServiceProcess) -> None:
     """The new leader rebuilds both from the log: the worker still hears it must stop the
-    cancelled job, and the time-limited job keeps its limit."""
+    cancelled job, and the time-limited job keeps its limit and its last progress report."""
     service.start()
 
     def client(role: str) -> httpx.Client:
@@ -298,6 +298,10 @@ def test_a_cancel_and_a_time_limit_survive_a_kill_9(service: ServiceProcess) -> 
         assignments = poll_until(worker, "w1", ["job.assign.a.b"], 2)
         assert submitter.delete("/v1/jobs/k1").json()["status"] == "cancelling"
         before = submitter.get("/v1/jobs/k2").json()
+        [k2] = [a for a in assignments if a["id"] == "k2"]
+        report = {"done": 3, "total": 10, "message": "a third"}
+        beat = {"attempt": k2["attempt"], "lease": k2["lease"], "progress": report}
+        assert worker.post("/v1/jobs/k2/heartbeat", json=beat).status_code == 200
         epoch = poll_held(worker, "w1", assignments, None)["epoch"]
 
     service.kill()
@@ -311,9 +315,11 @@ def test_a_cancel_and_a_time_limit_survive_a_kill_9(service: ServiceProcess) -> 
         after = submitter.get("/v1/jobs/k2").json()
         assert after["status"] == "running"
         assert after["run_limit_at"] == before["run_limit_at"]
+        # The last progress report kept is rebuilt from the log too.
+        progress = after["progress"]
+        assert (progress["done"], progress["total"], progress["message"]) == (3, 10, "a third")
         [k1] = [a for a in assignments if a["id"] == "k1"]
         assert settle(worker, "fail", k1).json()["status"] == "cancelled"
-        [k2] = [a for a in assignments if a["id"] == "k2"]
         assert settle(worker, "ack", k2).json()["status"] == "succeeded"
         # The time to the next completed job after the fault.
         print(f"work moving again {time.monotonic() - started:.1f} s after the restart")

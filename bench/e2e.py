@@ -14,6 +14,13 @@ Warm-up: `warmup_jobs` jobs go through first, the same way, and are left out of 
 long for their first couple of thousand commits (its JIT compiles the transaction path: a
 lone commit loop measured 5.4 ms p50 for the first 250, 2.7 ms after 2,500), and the first
 seconds of a run measured that, not the dispatcher a long-running broker serves.
+
+CPU per job by process (`cpu`; `sdk_loop_cpu` for the SDK loop): over the measured phase, the
+CPU of the broker's JVM, the node (the leader: `/readyz` answers 200 on a leader only), the
+bench's process (its W workers: coroutines of one event loop, so one row), the load
+generator (its CPU while submitting, which it reports itself, and its start-up and exit: the
+rest of what this process's ended children used) and the rest of the machine, in µs per job
+(`dispatch.bench.process_cpu`).
 """
 
 from __future__ import annotations
@@ -40,11 +47,18 @@ from kafka import KafkaConsumer, KafkaProducer
 from dispatch.api.kafka_log import replay_events
 from dispatch.auth import ensure_dev_keys
 from dispatch.bench.acking_worker import run_acking_worker
+from dispatch.bench.process_cpu import (
+    CpuReport,
+    CpuWindow,
+    Watched,
+    children_cpu_s,
+    format_table,
+)
 from dispatch.bench.signals import unwinds_on_sigterm
 from dispatch.bench.stats import machine, percentiles
 from dispatch.core.events import Assigned, Completed
 from dispatch.settings import Settings, to_environment
-from dispatch.stack.broker import Broker, create_topics
+from dispatch.stack.broker import Broker, KafkaCluster, create_topics
 from dispatch.stack.ports import free_port
 
 DISPATCH = str(Path(sys.executable).parent / "dispatch")
@@ -87,6 +101,10 @@ class BenchResult:
     sdk_loop_jobs_per_s: float | None = None
     """A sequential `Client.submit` loop (the SDK, one job per request, one at a time)."""
     sdk_loop_ms: dict[str, float] | None = None
+    cpu: CpuReport | None = None
+    """CPU per job by process over the measured phase (`dispatch.bench.process_cpu`)."""
+    sdk_loop_cpu: CpuReport | None = None
+    """The same over the SDK loop."""
 
     @property
     def ratio(self) -> float:
@@ -117,6 +135,32 @@ def broker_for(settings: Settings) -> Iterator[Settings]:
             yield temporary
         finally:
             broker.stop()
+
+
+def broker_processes(settings: Settings) -> list[Watched]:
+    """The broker JVMs of the local stack or the bench's own (none when `kafka.external`)."""
+    try:
+        brokers = KafkaCluster(settings).running()
+        if not brokers and Broker(settings).running() is not None:  # `external`, yet ours
+            brokers = [Broker(settings)]
+    except ValueError:  # addresses and controller ports that do not pair: none of ours
+        brokers = []
+    records = [(broker, broker.running()) for broker in brokers]
+    return [
+        Watched("broker" if len(records) == 1 else f"broker {broker.node.node_id}", record.pid)
+        for broker, record in records
+        if record is not None
+    ]
+
+
+def cpu_tables(result: BenchResult) -> str:
+    """The text of the CPU-per-job tables (`dispatch bench` prints them under its figures)."""
+    tables = []
+    if result.cpu is not None:
+        tables.append(format_table(result.cpu, "CPU per job by process, measured phase"))
+    if result.sdk_loop_cpu is not None:
+        tables.append(format_table(result.sdk_loop_cpu, "CPU per job by process, SDK loop"))
+    return "\n\n".join(tables)
 
 
 def bench_settings(settings: Settings, scratch: Path) -> Settings:
@@ -196,8 +240,12 @@ class Load:
 
     def __init__(self, url: str, keys: dict[str, str], *, jobs: int, workers: int, batch: int,
                  clients: int, payload_bytes: int, rate: float | None, warmup_jobs: int = 0,
-                 sdk_loop: int = 0) -> None:  # fmt: skip
+                 sdk_loop: int = 0, watched: list[Watched] | None = None) -> None:  # fmt: skip
         self.url, self.keys = url, keys
+        self.watched = watched or []
+        """Processes whose CPU per job is read over the measured phase and the SDK loop."""
+        self.cpu: CpuReport | None = None
+        self.sdk_cpu: CpuReport | None = None
         self.jobs, self.workers, self.batch, self.clients = jobs, workers, batch, clients
         self.warmup_jobs, self.sdk_loop = warmup_jobs, sdk_loop
         self.payload_bytes = payload_bytes
@@ -226,17 +274,39 @@ class Load:
         gc.collect()
         gc.disable()
         try:
+            window, ended = CpuWindow(self.watched), children_cpu_s()
+            window.start()
             started = time.monotonic()
             self.submitted = await self._phase("job", self.jobs)
             elapsed = time.monotonic() - started
+            window.stop()
         finally:
             gc.enable()
+        what = f"{self.clients} clients, batch {self.batch}"
+        self.cpu = self._cpu(window, children_cpu_s() - ended, self.submitted, self.jobs, what)
         if self.sdk_loop:
+            window, ended = CpuWindow(self.watched), children_cpu_s()
+            window.start()
             self.sdk_submitted = await self._phase("sdk", self.sdk_loop, sdk=True)
+            window.stop()
+            ended = children_cpu_s() - ended
+            self.sdk_cpu = self._cpu(window, ended, self.sdk_submitted, self.sdk_loop, "SDK loop")
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return elapsed
+
+    @staticmethod
+    def _cpu(window: CpuWindow, ended_s: float, report: dict[str, Any], jobs: int,
+             what: str) -> CpuReport:  # fmt: skip
+        """The window's report with the load generator's rows: the process ended inside the
+        window, so its CPU is what it measured while submitting, and the rest of what this
+        process's children that ended in the window used (the interpreter's start-up, the
+        imports, the report)."""
+        pid, submitting = report.get("pid"), float(report.get("cpu_s", 0.0))
+        window.add(f"load generator ({what})", pid, submitting)
+        window.add("load generator: start-up, imports, exit", pid, max(0.0, ended_s - submitting))
+        return window.report(jobs)
 
     async def _phase(self, prefix: str, count: int, *, sdk: bool = False) -> dict[str, Any]:
         self.done.clear()
@@ -335,9 +405,15 @@ def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payloa
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(url, node, log_file)
+            # The node answered /readyz 200: it is the leader (a follower answers 503).
+            watched = [
+                *broker_processes(on_broker),
+                Watched("leader node (dispatch serve)", node.pid),
+                Watched(f"bench process: {workers} workers", os.getpid(), "own"),
+            ]
             load = Load(url, keys, jobs=jobs, workers=workers, batch=batch, clients=clients,
                         payload_bytes=payload_bytes, rate=rate, warmup_jobs=warmup_jobs,
-                        sdk_loop=sdk_loop)  # fmt: skip
+                        sdk_loop=sdk_loop, watched=watched)  # fmt: skip
             try:
                 elapsed = asyncio.run(load.run())
             except Exception as error:
@@ -382,6 +458,7 @@ def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payloa
             sdk_loop_jobs=sdk_loop,
             sdk_loop_jobs_per_s=sdk["jobs_per_s"] if sdk else None,
             sdk_loop_ms=sdk["request_ms"] if sdk else None,
+            cpu=load.cpu, sdk_loop_cpu=load.sdk_cpu,
         )  # fmt: skip
 
 

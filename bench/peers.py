@@ -28,6 +28,12 @@ clients), `submit_requests_per_s` (single-job requests accepted per second from 
 `sdk_loop_jobs_per_s` (a sequential `Client.submit` loop). A failed dispatch run is reported
 (its stderr's tail) and the peers' figures are printed all the same. Ratios are dispatch/peer.
 The peers' concurrent enqueue is not measured (n/a).
+
+CPU per job by process, over each end-to-end run (`dispatch.bench.process_cpu`): for a peer,
+its redis-server, each worker process (the worker's main process and its pool or worker
+processes) and this process (the submit loop); for dispatch, the tables `dispatch bench`
+reports (broker, leader node, its workers, its load generator; the SDK loop's on its own).
+Each with the rest of the machine, in µs per job.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from typing import Any
 from dispatch.bench import stats
 from dispatch.bench.peer_tasks.redis_server import RedisUnavailable, find_redis
 from dispatch.bench.peer_tasks.runner import PeerResult, run_peers, tail
+from dispatch.bench.process_cpu import CpuReport, format_table
 
 REPO = Path(__file__).resolve().parent.parent
 DISPATCH = str(Path(sys.executable).parent / "dispatch")
@@ -177,6 +184,21 @@ def run_dispatch(jobs: int, clients: int) -> DispatchResult:
         return DispatchResult("failed", error=f"{error}: {tail(done.stdout)}")
 
 
+def cpu_tables(dispatch: DispatchResult, peers: Sequence[PeerResult]) -> list[str]:
+    """The CPU-per-job tables of the run: dispatch's (from its JSON), then each peer's."""
+    titled: list[tuple[str, CpuReport]] = []
+    for key, what in (("cpu", "end to end"), ("sdk_loop_cpu", "SDK loop")):
+        raw = dispatch.raw.get(key)
+        if isinstance(raw, dict):
+            titled.append((f"dispatch, {what}: CPU per job by process", CpuReport.from_dict(raw)))
+    titled += [
+        (f"{peer.name}, end to end: CPU per job by process", peer.cpu)
+        for peer in peers
+        if peer.cpu is not None
+    ]
+    return [format_table(report, title) for title, report in titled]
+
+
 def machine(redis_version: str | None) -> dict[str, Any]:
 
     def version(package: str) -> str | None:
@@ -280,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if dispatch.status == "ok":
         say(
             f"dispatch (bench --batch 1 --clients {args.dispatch_clients}, SDK loop of "
-            f"{SDK_LOOP_JOBS:,} calls): end to end {dispatch.raw.get('seconds')} s"
+            f"{SDK_LOOP_JOBS:,} calls): end to end {dispatch.raw.get('seconds')} s; raw "
+            f"kafka-python in the same run {dispatch.raw.get('raw_kafka_records_per_s')} records/s"
         )
     for peer in peers:
         if peer.error is not None:
@@ -291,6 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{peer.e2e_submit_per_s:,.0f}/s beside the workers, {peer.completed:,} completions; "
             f"enqueue only {peer.enqueue_seconds:.2f} s"
         )
+    for text in cpu_tables(dispatch, peers):
+        say("")
+        say(text)
     return 0
 
 

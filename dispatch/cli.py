@@ -286,7 +286,7 @@ def bench(
     """End-to-end jobs/s and latency percentiles, beside raw kafka-python on the same broker."""
     import json
 
-    from dispatch.bench.e2e import run_bench
+    from dispatch.bench.e2e import cpu_tables, run_bench
     from dispatch.bench.stats import steal_percent
 
     result = run_bench(
@@ -334,6 +334,8 @@ def bench(
         if figures is not None:
             table.add_row(name, "  ".join(f"{key} {value:g}" for key, value in figures.items()))
     console.print(table)
+    # Plain lines, neither cut nor coloured: they are copied into BENCHMARKS.md.
+    console.print(cpu_tables(result), soft_wrap=True, highlight=False, markup=False)
 
 
 @app.command(

@@ -28,6 +28,7 @@ from dispatch.bench.peer_tasks import (
     REDIS_URL_ENV,
 )
 from dispatch.bench.peer_tasks.redis_server import RedisBinary, redis_server
+from dispatch.bench.process_cpu import CpuReport, CpuWindow, Watched, find_child
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 120.0
@@ -51,6 +52,8 @@ class PeerResult:
     enqueue_per_s: float | None = None
     enqueue_seconds: float | None = None
     error: str | None = None
+    cpu: CpuReport | None = None
+    """CPU per job by process over the end-to-end run (`dispatch.bench.process_cpu`)."""
 
 
 def tail(text: str, lines: int = 15) -> str:
@@ -154,6 +157,19 @@ def workers(peer: Peer, url: str, jobs: int, log: Path) -> Iterator[subprocess.P
             os.killpg(process.pid, signal.SIGKILL)
 
 
+def peer_processes(peer: Peer, url: str, workers_pid: int) -> list[Watched]:
+    """What runs a peer's end-to-end run: its redis-server (a child of this process, found by
+    its port), the worker processes (each a row) and this process (the submit loop)."""
+    port = url.rsplit(":", 1)[1].split("/", 1)[0]
+    # Its command line once it has rewritten its title, or before.
+    redis_pid = find_child(os.getpid(), "redis-server", f":{port}", f"--port {port}")
+    return [
+        *([Watched("redis-server", redis_pid)] if redis_pid is not None else []),
+        Watched(f"{peer.name.lower()} worker", workers_pid, "split"),
+        Watched("producer loop (the bench process)", os.getpid(), "own"),
+    ]
+
+
 def _check_alive(process: subprocess.Popen[bytes], log: Path, what: str) -> None:
     if process.poll() is not None:
         output = tail(log.read_text(errors="replace"))
@@ -200,11 +216,14 @@ def run_peer(peer: Peer, binary: RedisBinary, jobs: int) -> PeerResult:
         client: Any = redis.Redis.from_url(url)
         try:
             _wait_ready(client, peer, process, log)
+            window = CpuWindow(peer_processes(peer, url, process.pid))
+            window.start()
             # The wall clock, not a monotonic one: the last task stamps time.time() in its
             # own process.
             start = time.time()
             submit_s = timed_loop(send, jobs)
             finished = _wait_finished(client, jobs, process, log)
+            window.stop()
             completed = int(client.get(DONE_KEY) or 0)
         finally:
             client.close()
@@ -218,6 +237,7 @@ def run_peer(peer: Peer, binary: RedisBinary, jobs: int) -> PeerResult:
         completed=completed,
         enqueue_per_s=round(jobs / enqueue_s, 1),
         enqueue_seconds=round(enqueue_s, 3),
+        cpu=window.report(jobs),
     )
 
 

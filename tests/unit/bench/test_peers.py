@@ -5,7 +5,10 @@ None of it needs celery, dramatiq or redis-py (CI does not install the `peers` e
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from dispatch.bench.peer_tasks.redis_server import (
     missing_sonames,
     redis_argv,
 )
-from dispatch.bench.peer_tasks.runner import PeerResult
+from dispatch.bench.peer_tasks.runner import PEERS, PeerResult, peer_processes
 from dispatch.bench.peers import (
     DispatchResult,
     comparison_rows,
@@ -27,6 +30,7 @@ from dispatch.bench.peers import (
     ratio,
     run_dispatch,
 )
+from dispatch.bench.process_cpu import CpuReport, Snapshot, Watched, build_report
 
 DISPATCH_OK = DispatchResult(
     "ok", jobs_per_s=3000.0, submit_requests_per_s=4000.0, sdk_loop_jobs_per_s=900.0
@@ -205,4 +209,67 @@ def test_missing_libraries_and_the_packages_to_fetch_are_read() -> None:
     )
     assert library_packages(depends) == [
         "libatomic1", "libc6", "libjemalloc2", "liblzf1", "libssl3", "libsystemd0",
+    ]  # fmt: skip
+
+
+def _cpu_report(role: str, cpu_s: float) -> CpuReport:
+    before = Snapshot(0.0, {(role, 7, 1): 0}, {})
+    after = Snapshot(2.0, {(role, 7, 1): int(cpu_s * 100)}, {})
+    return build_report(before, after, 100, tick_s=0.01, nproc=2)
+
+
+def test_cpu_tables_are_dispatchs_from_its_json_then_each_peers(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = {"jobs_per_s": 3000.0, "seconds": 6.7, "raw_kafka_records_per_s": 18000.5,
+           "cpu": _cpu_report("leader node", 0.5).as_dict(), "sdk_loop_cpu": None}  # fmt: skip
+    dispatch = parse_dispatch(json.dumps(raw))
+    celery = dataclasses.replace(CELERY, cpu=_cpu_report("redis-server", 0.25))
+    tables = peers.cpu_tables(dispatch, [celery, DRAMATIQ])  # Dramatiq has none: no table
+    assert [table.splitlines()[0].split(":")[0] for table in tables] == [
+        "dispatch, end to end", "Celery, end to end",
+    ]  # fmt: skip
+    assert "leader node" in tables[0] and "5,000" in tables[0]  # 0.5 s over 100 jobs
+    assert "redis-server" in tables[1]
+
+    class FakeRedis(RedisBinary):
+        def version(self) -> str:
+            return "7.0.15"
+
+    monkeypatch.setattr(peers, "missing_extra", list)
+    monkeypatch.setattr(peers, "find_redis", lambda: FakeRedis(Path("/nonexistent")))
+    monkeypatch.setattr(peers, "run_dispatch", lambda jobs, clients: dispatch)
+    monkeypatch.setattr(peers, "run_peers", lambda binary, jobs: [celery, DRAMATIQ])
+    assert peers.main(["--jobs", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "Celery, end to end: CPU per job by process" in out
+    assert "end to end 6.7 s; raw kafka-python in the same run 18000.5 records/s" in out
+    assert peers.main(["--jobs", "100", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["peers"]["Celery"]["cpu"]["rows"][0]["role"] == "redis-server"
+    assert report["peers"]["Dramatiq"]["cpu"] is None
+
+
+def test_a_peers_processes_are_its_redis_its_workers_split_and_this_process(
+    tmp_path: Path,
+) -> None:
+    # A child of this process with the name and the command line of the run's redis-server:
+    # a Python that waits, run through a link called redis-server.
+    (tmp_path / "redis-server").symlink_to(sys.executable)
+    child = subprocess.Popen(
+        [tmp_path / "redis-server", "-c", "import sys; sys.stdin.read()", "--port", "6399"],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        watched = peer_processes(PEERS[0], "redis://127.0.0.1:6399/0", 4242)
+    finally:
+        child.communicate(b"")
+    assert watched == [
+        Watched("redis-server", child.pid),
+        Watched("celery worker", 4242, "split"),
+        Watched("producer loop (the bench process)", os.getpid(), "own"),
+    ]
+    # No such Redis: no row for it (the rest of the machine holds it).
+    assert [w.role for w in peer_processes(PEERS[1], "redis://127.0.0.1:6398/0", 4242)] == [
+        "dramatiq worker", "producer loop (the bench process)",
     ]  # fmt: skip

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import json
+import os
 from typing import Any
 
 import pytest
 
-from dispatch.bench.submitters import Plan, Refused, Submitters, _read_answer
+from dispatch.bench.submitters import Plan, Refused, Submitters, _read_answer, main
 
 _BODY = b'{"id":"job-1","status":"queued","existing":false}'
 ACCEPTED = (
@@ -164,3 +166,16 @@ def test_a_refused_submission_stops_the_run() -> None:
 
     with pytest.raises(Refused, match="p-0: HTTP 409"):
         asyncio.run(run())
+
+
+def test_the_report_carries_the_processs_pid_and_its_cpu_while_submitting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An SDK loop of no jobs: nothing is sent, the report is still whole.
+    plan = dataclasses.asdict(_plan(jobs=0, sdk=True))
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(plan)))
+    main()
+    report = json.loads(capsys.readouterr().out)
+    assert report["pid"] == os.getpid()
+    assert report["cpu_s"] >= 0
+    assert report["jobs"] == 0

@@ -260,6 +260,9 @@ class Leader:
         self._taken: list[Command] = []
         """The commands of the iteration under way (answered by `stop` if the loop is stuck)."""
         self._stopping = threading.Event()
+        self._commit_window_s = settings.api.commit_window_ms / 1000
+        self._last_commit = 0.0
+        """When the last transaction committed (monotonic), for `commit_window_ms`."""
         self._thread: threading.Thread | None = None
         self._log: TransactionalLog | None = None
         self._reader: SubmitSource | None = None
@@ -514,6 +517,13 @@ class Leader:
                 return commands
 
     def _iterate(self) -> None:
+        if self._commit_window_s:
+            # Group commit: right after a transaction, let submissions and commands gather
+            # (in the broker and the mailbox) until the window has passed, so that a trickle
+            # of single jobs shares transactions instead of paying one each.
+            wait = self._last_commit + self._commit_window_s - time.monotonic()
+            if wait > 0:
+                self._stopping.wait(wait)
         # Requests that went away (their futures cancelled) are dropped here, before they
         # cost anything; the others can no longer be cancelled.
         commands = [command for command in self._drain() if _claim(command.future)]
@@ -665,6 +675,7 @@ class Leader:
             records = encode_batches(self.group, self.core.epoch, events, submit=position)
         started = time.perf_counter()
         self._log.commit(records, rejections, group_offsets)
+        self._last_commit = time.monotonic()
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
         if group_offsets is not None:
             self._group_offsets = group_offsets

@@ -375,6 +375,10 @@ class ApiSettings(_Section):
     CPU, BENCHMARKS.md)."""
     advertise_url: str = Field("", pattern=r"^(https?://[^/\s]+)?$")
     """The base URL clients reach this node at (in the lease, in 307s); empty: http://host:port."""
+    commit_window_ms: float = Field(0.0, ge=0.0, le=100.0)
+    """Group commit: the least time between two of the leader's transactions; submissions and
+    commands that arrive meanwhile share the next one. 0: commit as soon as anything is
+    decided (each job of a slow trickle then costs a transaction of its own)."""
 
     @field_validator("ports")
     @classmethod

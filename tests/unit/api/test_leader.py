@@ -325,9 +325,9 @@ class EventLogStandIn:
         pass
 
 
-def serving_leader() -> tuple[Leader, Reader]:
+def serving_leader(settings: Settings | None = None) -> tuple[Leader, Reader]:
     """A leader whose loop can be stepped by hand (`_iterate`), in epoch 1."""
-    leader = new_leader(load_settings())
+    leader = new_leader(settings or load_settings())
     reader = Reader()
     leader._reader = reader
     leader._log = EventLogStandIn()
@@ -486,3 +486,46 @@ def test_a_command_wakes_the_idle_loop_and_is_taken_without_waiting() -> None:
     assert command.future.result(timeout=0) == 1
     leader.stop()
     assert reader.wakes == 2, "stopping ends the wait too"
+
+
+# --- group commit ---------------------------------------------------------------------------------
+
+
+def test_a_commit_window_lets_what_arrives_soon_after_a_commit_share_the_next_one() -> None:
+    settings = load_settings()
+    settings = settings.model_copy(
+        update={"api": settings.api.model_copy(update={"commit_window_ms": 80.0})}
+    )
+    leader, _ = serving_leader(settings)
+    log = leader._log
+    assert isinstance(log, EventLogStandIn)
+    first = joining("w1")
+    leader.submit(first)
+    leader._iterate()  # nothing committed before: at once
+    assert len(log.commits) == 1 and first.future.result(timeout=0) == 1
+    committed_at = time.monotonic()
+    second, third = joining("w2"), joining("w3")
+    leader.submit(second)
+    # The third arrives while the window holds the loop: it joins the same transaction.
+    threading.Timer(0.02, leader.submit, args=(third,)).start()
+    leader._iterate()
+    assert time.monotonic() - committed_at >= 0.08
+    assert len(log.commits) == 2, "one transaction for both"
+    assert second.future.result(timeout=0) == third.future.result(timeout=0) == 1
+
+
+def test_without_a_commit_window_each_iteration_commits_at_once() -> None:
+    leader, _ = serving_leader()
+    log = leader._log
+    assert isinstance(log, EventLogStandIn)
+    waited: list[float | None] = []
+
+    def wait(timeout: float | None = None) -> bool:
+        waited.append(timeout)
+        return False
+
+    leader._stopping.wait = wait  # type: ignore[method-assign]
+    for n in range(3):
+        leader.submit(joining(f"w{n}"))
+        leader._iterate()
+    assert len(log.commits) == 3 and waited == []

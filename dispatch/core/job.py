@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from dispatch.core import _validate as v
-from dispatch.core.limits import check_key
+from dispatch.core.keys import check_key
 from dispatch.core.progress import stored_progress
 from dispatch.core.retry import RetryPolicy
 from dispatch.core.subjects import validate_exec

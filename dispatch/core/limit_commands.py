@@ -148,7 +148,7 @@ class LimitCommands:
         elif scope is LimitScope.EXEC:
             gate = state._exec_gates[target]
             inflight = gate.inflight
-            held = sum(queue.ready for queue in gate.held.values())
+            held = sum(state._queues[exec_name].ready for exec_name in gate.held)
         elif target.endswith("*"):
             inflight = None
             held = sum(len(gate.held_jobs) for gate in self._keys_under(target))

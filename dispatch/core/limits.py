@@ -26,14 +26,26 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from dispatch.core import _validate as v
+from dispatch.core.keys import MAX_KEY_LENGTH, check_key
 from dispatch.core.subjects import compile_pattern
 
 if TYPE_CHECKING:
     from dispatch.core.job import JobRecord
-    from dispatch.core.queues import ExecQueue
 
-MAX_KEY_LENGTH = 200
-"""Longest concurrency key (or key pattern) a job or a limit may name."""
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "ExecGate",
+    "Gate",
+    "KeyGate",
+    "KeyLimits",
+    "Limit",
+    "LimitScope",
+    "RateBucket",
+    "WakeHeap",
+    "check_key",
+    "check_target",
+]
+
 MAX_INFLIGHT = 1_000_000_000
 MAX_RATE = 1_000_000.0
 MAX_BURST = 1_000_000
@@ -98,18 +110,6 @@ class Limit:
         if self.burst is not None:
             out["burst"] = self.burst
         return out
-
-
-def check_key(value: object, label: str = "key") -> str:
-    """A job's concurrency key: 1 to MAX_KEY_LENGTH printable characters, no `*`."""
-    key = v.as_str(value, label)
-    if not key or len(key) > MAX_KEY_LENGTH:
-        raise ValueError(f"{label}: expected 1 to {MAX_KEY_LENGTH} characters")
-    if not key.isprintable():
-        raise ValueError(f"{label}: control characters are not allowed")
-    if "*" in key:
-        raise ValueError(f"{label}: '*' is kept for key patterns")
-    return key
 
 
 def check_target(scope: LimitScope, value: object, max_exec_length: int) -> str:
@@ -258,8 +258,8 @@ class ExecGate(Gate):
         Gate.__init__(self, limit, now, origin)
         self.target = target
         self.pattern = compile_pattern(target)
-        self.held: dict[str, ExecQueue] = {}
-        """Queues it took out of the rotation, by exec name."""
+        self.held: set[str] = set()
+        """The exec names of the queues it took out of the rotation."""
 
 
 class KeyGate(Gate):

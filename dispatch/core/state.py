@@ -388,7 +388,8 @@ class DispatcherState:
 
     def _release_exec(self, gate: ExecGate) -> None:
         """The exec limit may have room: the queues it stopped are servable again."""
-        for queue in gate.held.values():
+        for exec_name in gate.held:
+            queue = self._queues[exec_name]
             if queue.ready and not queue.in_rotation:
                 queue.in_rotation = True
                 self._rotation.append(queue)
@@ -462,7 +463,7 @@ class DispatcherState:
         queue (out of the rotation) until it has."""
         for gate in queue.gates:
             if not gate.admits(now):
-                gate.held[queue.exec] = queue
+                gate.held.add(queue.exec)
                 bucket = gate.bucket
                 if bucket is not None and not bucket.admits(now):
                     self._ask_wake(gate, bucket.ready_at(now))

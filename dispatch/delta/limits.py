@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from dispatch.core.events import Event, LimitRemoved, LimitSet, event_from_dict
 from dispatch.delta import tables as t
-from dispatch.delta.pauses import pauses_version
+from dispatch.delta.pauses import pauses_version, rows_in_force_at
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -109,19 +109,7 @@ def limits_at(warehouse: Warehouse, events_topic: str, offsets: Mapping[int, int
     """The runtime limits in force once the log is read up to `offsets` (`events_topic`
     partition -> next offset), every group's, from the `limits` table (empty: no table, or no
     runtime limit by then). Read with delta-rs."""
-    table = warehouse.open_if_exists(t.LIMITS)
-    if table is None:
-        return {}
-    version = limits_version(table, events_topic, offsets)
-    if version is None:
-        return {}
-    if version != table.version():
-        table = warehouse.open(t.LIMITS, version=version)
-    read = table.to_pyarrow_table()
-    return {
-        (str(row["dispatch_group"]), str(row["scope"]), str(row["target"])): row
-        for row in read.to_pylist()
-    }
+    return rows_in_force_at(warehouse, t.LIMITS, events_topic, offsets)
 
 
 def limits_of(rows: LimitRows, group: str) -> list[LimitSet]:

@@ -124,14 +124,23 @@ def pauses_at(warehouse: Warehouse, events_topic: str, offsets: Mapping[int, int
     """The pauses in force once the log is read up to `offsets` (`events_topic` partition ->
     next offset), every group's, from the `pauses` table (empty: no table, or no pause by
     then). Read with delta-rs."""
-    table = warehouse.open_if_exists(t.PAUSES)
+    return rows_in_force_at(warehouse, t.PAUSES, events_topic, offsets)
+
+
+def rows_in_force_at(
+    warehouse: Warehouse, table_name: str, events_topic: str, offsets: Mapping[int, int]
+) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """The rows of a table of controls in force (`pauses`, `limits`: rewritten whole by the
+    batches that change them) once the log is read up to `offsets`, by (group, scope,
+    target), at the version `pauses_version` picks. Empty: no table, or nothing in force."""
+    table = warehouse.open_if_exists(table_name)
     if table is None:
         return {}
     version = pauses_version(table, events_topic, offsets)
     if version is None:
         return {}
     if version != table.version():
-        table = warehouse.open(t.PAUSES, version=version)
+        table = warehouse.open(table_name, version=version)
     read = table.to_pyarrow_table()
     return {
         (str(row["dispatch_group"]), str(row["scope"]), str(row["target"])): row

@@ -7,7 +7,7 @@ again, and time how long the dispatcher stops completing jobs.
 A real local stack (`LocalStack` with `kafka.brokers = 3`, `StackPlan(streaming=False,
 workers=0)`: three combined broker+controller nodes, the topics at replication factor 3 and
 min ISR 2, and two `dispatch serve` processes sharing the lease table) in a temporary folder
-on free ports. The load is `dispatch.bench.restart_bench.Load`: one submitter thread POSTing one job
+on free ports. The load is `dispatch.bench.harness_load.Load`: one submitter thread POSTing one job
 every `--every` seconds to whichever node answers, and one REST worker thread that long-polls
 and acks every assignment at once, noting when each ack was accepted (a job completed: the
 leader answers an ack once its transaction committed).
@@ -21,7 +21,7 @@ round waits until every partition has all three replicas in sync again
 partition below min ISR: Kafka then refuses writes, rightly).
 
 At the end the submitter stops and the committed log is replayed into an empty core
-(`dispatch.bench.failover_bench.wait_all_succeeded`) until every accepted job is `succeeded` there
+(`dispatch.bench.harness_load.wait_all_succeeded`) until every accepted job is `succeeded` there
 (jobs whose ack met a failed commit wait for their ack deadline first): nothing lost means
 every accepted job succeeded, nothing twice means no job has two `Completed` events.
 """
@@ -30,11 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import signal
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -43,20 +40,13 @@ from typing import Any
 
 from kafka import KafkaAdminClient
 
-from dispatch.bench.failover_bench import (
-    Outcome,
-    distinct_free_ports,
-    p50_max,
-    running_stack,
-    wait_all_succeeded,
-)
-from dispatch.bench.restart_bench import Load, wait_for
+from dispatch.bench.harness import kill_9, scratch_stack
+from dispatch.bench.harness_load import Load, Outcome, wait_all_succeeded
 from dispatch.bench.signals import unwinds_on_sigterm
-from dispatch.bench.stats import machine
-from dispatch.settings import Settings, load_settings
-from dispatch.stack.broker import Broker, wait_in_sync
+from dispatch.bench.stats import machine, p50_max
+from dispatch.settings import Settings
+from dispatch.stack.broker import wait_in_sync
 from dispatch.stack.local import LocalStack
-from dispatch.stack.ports import free_port_run
 
 BROKERS = 3
 PAUSE_GOAL_S = 5.0
@@ -103,24 +93,6 @@ def summary(rounds: Sequence[Round], outcome: Outcome, failed_submissions: int) 
 # --- the stack -----------------------------------------------------------------------------------
 
 
-def cluster_settings(scratch: Path) -> Settings:
-    first = free_port_run(2 * BROKERS)
-    api_ports = distinct_free_ports(2)
-    return load_settings(
-        paths={"var": str(scratch / "var"), "warehouse": str(scratch / "delta")},
-        kafka={
-            "brokers": BROKERS,
-            "bootstrap": f"127.0.0.1:{first}",
-            "controller_port": first + 1,
-            "start_timeout_s": 180.0,
-        },
-        api={"ports": api_ports},
-        # One client: the jobs a failed commit left assigned count as in flight until their
-        # deadline, and the default cap of 100 would measure the cap, not the kill.
-        dispatcher={"default_cap": 1_000_000},
-    )
-
-
 def events_leader(settings: Settings) -> int:
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap, client_id="kill-bench")
     try:
@@ -130,29 +102,13 @@ def events_leader(settings: Settings) -> int:
     return int(events["partitions"][0]["leader_id"])
 
 
-def kill_9(broker: Broker) -> None:
-    """SIGKILL the node by the pid its pid file records, and reap it."""
-    record = broker.running()
-    if record is None:
-        raise RuntimeError(f"{broker.name} is not running")
-    os.kill(record.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while broker.process.exit_code() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
 def kill_round(stack: LocalStack, load: Load, node_id: int, timeout_s: float) -> Round:
     settings = stack.settings
     led = events_leader(settings) == node_id
     broker = stack.kafka.nodes[node_id - 1]
-    kill_9(broker)
+    kill_9(broker.process)
     killed = time.monotonic()
-    completed = wait_for(
-        "completed job", lambda: load.first_completed(sent_after=killed), timeout_s
-    )
-    accepted = wait_for(
-        "accepted submission", lambda: load.first_accepted(sent_after=killed), timeout_s
-    )
+    accepted, completed = load.wait_first_after(killed, timeout_s)
     starting = time.monotonic()
     broker.start()
     answered = time.monotonic()
@@ -173,28 +129,27 @@ def run(
     from dispatch.auth import ensure_dev_keys
 
     rounds: list[Round] = []
-    with tempfile.TemporaryDirectory(prefix="dispatch-broker-kill-") as scratch:
-        settings = cluster_settings(Path(scratch))
-        with running_stack(settings, streaming=False) as stack:
-            keys = ensure_dev_keys(settings.auth)
-            urls = [node.url for node in stack.nodes]
-            with Load(urls, keys, every_s) as load:
-                started = time.monotonic()
-                wait_for("completed job", lambda: load.first_completed(sent_after=started), 60)
-                wait_in_sync(settings.kafka, timeout_s)
+    with scratch_stack("dispatch-broker-kill-", streaming=False, brokers=BROKERS) as stack:
+        settings = stack.settings
+        keys = ensure_dev_keys(settings.auth)
+        urls = [node.url for node in stack.nodes]
+        with Load(urls, keys, every_s) as load:
+            started = time.monotonic()
+            load.wait_first_after(started, 60)  # the stack serves
+            wait_in_sync(settings.kafka, timeout_s)
+            time.sleep(settle_s)
+            for number, node_id in enumerate(kill_plan(kills, BROKERS, seed), start=1):
+                result = kill_round(stack, load, node_id, timeout_s)
+                print(f"kill {number}: {json.dumps(asdict(result))}", flush=True)
+                rounds.append(result)
                 time.sleep(settle_s)
-                for number, node_id in enumerate(kill_plan(kills, BROKERS, seed), start=1):
-                    result = kill_round(stack, load, node_id, timeout_s)
-                    print(f"kill {number}: {json.dumps(asdict(result))}", flush=True)
-                    rounds.append(result)
-                    time.sleep(settle_s)
-                # The worker goes on while the log is audited: a job whose ack met a failed
-                # commit is assigned again at its deadline and must be acked then. Jobs
-                # submitted from now on are not audited.
-                submissions = list(load.submissions)  # one copy, under the GIL
-                accepted = [s.job_id for s in submissions if s.status == 202]
-                failed = sum(1 for s in submissions if s.status != 202)
-                outcome = wait_all_succeeded(settings, accepted, timeout_s=300)
+            # The worker goes on while the log is audited: a job whose ack met a failed
+            # commit is assigned again at its deadline and must be acked then. Jobs
+            # submitted from now on are not audited.
+            submissions = list(load.submissions)  # one copy, under the GIL
+            accepted = [s.job_id for s in submissions if s.status == 202]
+            failed = sum(1 for s in submissions if s.status != 202)
+            outcome = wait_all_succeeded(settings, accepted, timeout_s=300)
     return {
         "summary": summary(rounds, outcome, failed),
         "rounds": [asdict(r) for r in rounds],

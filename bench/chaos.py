@@ -7,7 +7,7 @@ then Jepsen-style safety counts and liveness figures.
     .venv/bin/python -m dispatch.bench.chaos --json          # the JSON on stdout, no tables
 
 **The stack.** `LocalStack` (broker, topics, streaming fold, two API nodes) in a temporary
-folder on free ports (`chaos_stack`), plus `--workers` worker processes of
+folder on free ports (`dispatch.bench.harness.running_stack`), plus `--workers` worker processes of
 `dispatch.bench.chaos_worker` (WebSocket SDK workers, `--slots` each) that write every attempt they
 run to a file: the worker side of the counts.
 
@@ -79,12 +79,20 @@ from dispatch.bench.chaos_audit import (
     verdict,
     wrong_states,
 )
+from dispatch.bench.harness import (
+    cluster_profile_settings,
+    find_leader,
+    kill_9,
+    running_record,
+    running_stack,
+    stack_settings,
+)
+from dispatch.bench.harness_load import LoadThreads
 from dispatch.bench.signals import unwinds_on_sigterm
 from dispatch.event_records import decode_batch
 from dispatch.settings import Settings, to_environment
-from dispatch.stack.local import DISPATCH, LocalStack
-from dispatch.stack.plan import StackPlan
-from dispatch.stack.process import ManagedProcess, is_running
+from dispatch.stack.local import DISPATCH, ApiNode, LocalStack
+from dispatch.stack.process import ManagedProcess
 from dispatch.warehouse import Warehouse
 
 CANARY_PRIORITY = 1000
@@ -94,13 +102,16 @@ WORKER_APP = "dispatch.bench.chaos_worker:app"
 # --- the load ------------------------------------------------------------------------------------
 
 
-class Load:
+class Load(LoadThreads):
     """The planned jobs at `rate`/s: REST batches through the SDK, raw records to Kafka."""
+
+    join_s = 120.0
 
     def __init__(
         self, planned: Sequence[PlannedJob], urls: Sequence[str], key: str, rate: float,
         settings: Settings,
     ) -> None:  # fmt: skip
+        super().__init__()
         self.planned, self.urls, self.key, self.rate = list(planned), list(urls), key, rate
         self.settings = settings
         self.accepted: set[str] = set()
@@ -109,16 +120,7 @@ class Load:
         self.failed_batches = 0
         self.failed_records = 0
         self.errors: Counter[str] = Counter()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="chaos-load", daemon=True)
-
-    def __enter__(self) -> Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop.set()
-        self.thread.join(120)
+        self.thread = self.add_thread(self._run, "chaos-load")
 
     def done(self) -> bool:
         return not self.thread.is_alive()
@@ -213,13 +215,9 @@ class WorkerFleet:
 
     def kill_9(self, number: int) -> int:
         process = self.processes[number % len(self.processes)]
-        record = process.record()
-        if record is None:
-            raise RuntimeError(f"{process.name} is not running")
+        record = running_record(process)
         self.killed[record.pid] = time.time()
-        os.kill(record.pid, signal.SIGKILL)
-        _wait_gone(record.pid, record.ticks)
-        process.exit_code()  # reap
+        kill_9(process)
         return record.pid
 
     def stop(self) -> None:
@@ -249,12 +247,6 @@ class WorkerFleet:
             if process.log_file.exists():
                 count += process.log_file.read_text(errors="replace").count("more jobs than slots")
         return count
-
-
-def _wait_gone(pid: int, ticks: int | None, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while is_running(pid, ticks) and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 # --- the faults ----------------------------------------------------------------------------------
@@ -294,17 +286,8 @@ class Chaos:
         self.canaries: list[threading.Thread] = []
 
     # the leader
-    def leader(self, timeout_s: float = 90.0) -> tuple[Any, int]:
-        from dispatch.bench.failover_bench import find_leader
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return find_leader(self.http, self.stack.nodes)
-            except RuntimeError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.1)
+    def leader(self, timeout_s: float = 90.0) -> tuple[ApiNode, int]:
+        return find_leader(self.http, self.stack.nodes, timeout_s)
 
     def inject(self, number: int, kind: str, started: float, fleet: WorkerFleet) -> FaultRecord:
         injector = {
@@ -340,13 +323,9 @@ class Chaos:
         self.canaries.append(thread)
 
     def _broker(self, number: int, started: float, _fleet: WorkerFleet) -> FaultRecord:
-        record = self.stack.broker.running()
-        if record is None:
-            raise RuntimeError("the broker is not running")
+        record = running_record(self.stack.broker.process)
         fault = self._record("broker", started, f"pid {record.pid}", number)
-        os.kill(record.pid, signal.SIGKILL)
-        _wait_gone(record.pid, record.ticks)
-        self.stack.broker.process.exit_code()
+        kill_9(self.stack.broker.process)
         self._canary(fault)
         time.sleep(self.options.broker_down_s)
         self.stack.broker.start()  # returns once the broker answers metadata requests
@@ -357,11 +336,9 @@ class Chaos:
         return fault
 
     def _leader(self, number: int, started: float, _fleet: WorkerFleet) -> FaultRecord:
-        from dispatch.bench.failover_bench import kill_9
-
         node, epoch = self.leader()
         fault = self._record("leader", started, f"{node.url} epoch {epoch}", number)
-        kill_9(node)
+        kill_9(node.process)
         self._canary(fault)
         self.leader()
         fault.recovered_s = round(time.time() - fault.killed_at, 3)
@@ -402,15 +379,11 @@ class Chaos:
         from dispatch.delta import tables as t
         from dispatch.delta.progress import latest_progress
 
-        record = self.stack.streaming.record()
-        if record is None:
-            raise RuntimeError("the streaming fold is not running")
+        record = running_record(self.stack.streaming)
         warehouse = Warehouse.of(self.settings)
         before = latest_progress(warehouse, t.JOBS)
         fault = self._record("streaming", started, f"pid {record.pid}", number)
-        os.killpg(record.pid, signal.SIGKILL)  # the driver and its JVM
-        _wait_gone(record.pid, record.ticks)
-        self.stack.streaming.exit_code()
+        kill_9(self.stack.streaming, group=True)  # the driver and its JVM
         self._canary(fault)
         # Only the fold died: start it again at once (`up` would first walk every other
         # component and wait for a leader).
@@ -597,10 +570,8 @@ class ChaosResult:
 
 
 def chaos_settings(scratch: Path, profile: str = "") -> Settings:
-    """The failover benchmark's stack settings (free ports, no per-client cap), with short
+    """The fault benchmarks' stack settings (free ports, no per-client cap), with short
     ack deadlines so that what a dead leader or worker held comes back within the run."""
-    from dispatch.bench.failover_bench import cluster_profile_settings, stack_settings
-
     if profile not in ("", "cluster"):
         raise ValueError(f"unknown profile {profile!r}: expected cluster or none")
     settings = cluster_profile_settings(scratch) if profile else stack_settings(scratch)
@@ -608,46 +579,6 @@ def chaos_settings(scratch: Path, profile: str = "") -> Settings:
         update={"ack_timeout_s": 5.0, "max_ack_timeout_s": 20.0, "worker_expiry_s": 6.0}
     )
     return settings.model_copy(update={"dispatcher": dispatcher})
-
-
-@contextlib.contextmanager
-def chaos_stack(settings: Settings) -> Iterator[LocalStack]:
-    """The failover benchmark's stack (`dispatch.bench.failover_bench.running_stack`: the brokers,
-    topics, the streaming fold, the nodes), ended sooner: the fold and, once the nodes
-    stopped, the brokers are killed before `down`. The fold's orderly stop finishes the
-    batch in hand and rolls up the statistics, the brokers' is a controlled shutdown, both
-    for data this run is done with (`--keep` keeps it on disk)."""
-    stack = LocalStack(settings, StackPlan(streaming=True, workers=0))
-    try:
-        stack.up()
-        yield stack
-    finally:
-        try:
-            _kill_9(stack.streaming, group=True)
-            for node in stack.nodes:  # stopped as `down` does, while the brokers answer
-                node.process.stop(timeout_s=20.0)
-            for broker in stack.kafka.nodes:  # none when the brokers are external
-                _kill_9(broker.process)
-        finally:
-            stack.down()  # everything else, and whatever the above left running
-
-
-def _kill_9(process: ManagedProcess, *, group: bool = False) -> None:
-    """SIGKILL the process by its pid file (its whole process group if `group`: the fold's
-    driver and its JVM) and reap it."""
-    record = process.record()
-    if record is None:
-        return
-    with contextlib.suppress(ProcessLookupError):  # it died on its own meanwhile
-        if group:
-            os.killpg(record.pid, signal.SIGKILL)
-        else:
-            os.kill(record.pid, signal.SIGKILL)
-    # Reaped, not only gone from /proc (a process killed -9 can leave it before it is a
-    # zombie): a child never waited for is a warning ("still running") at its collection.
-    deadline = time.monotonic() + 15.0
-    while process.exit_code() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 @unwinds_on_sigterm
@@ -663,7 +594,8 @@ def run_chaos(options: ChaosOptions) -> ChaosResult:
             scratch = options.scratch
             scratch.mkdir(parents=True, exist_ok=True)
         settings = chaos_settings(scratch, options.profile)
-        stack = cleanup.enter_context(chaos_stack(settings))
+        # Ended sooner than `down` alone (`quick_down`): the data is this run's only.
+        stack = cleanup.enter_context(running_stack(settings, quick_down=True))
         chaos = Chaos(options, settings, stack)
         cleanup.callback(chaos.http.close)
         fleet = WorkerFleet(

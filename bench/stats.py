@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -23,6 +25,18 @@ def percentiles(
         "p95": at(0.95),
         "p99": at(0.99),
         "max": round(ordered[-1] * scale, digits),
+    }
+
+
+def p50_max(values: Sequence[float]) -> dict[str, float]:
+    """Median and maximum (and count) of a few rounds' seconds, rounded to the millisecond;
+    {} when empty (the fault benchmarks: too few rounds for a p95)."""
+    if not values:
+        return {}
+    return {
+        "p50": round(statistics.median(values), 3),
+        "max": round(max(values), 3),
+        "n": len(values),
     }
 
 

@@ -6,7 +6,9 @@ import datetime as dt
 
 import pytest
 
-from dispatch.bench.failover_bench import Receipt, first_receipt, lease_epoch, p50_max, term_log
+from dispatch.bench.failover_bench import term_log
+from dispatch.bench.harness_load import Receipt, first_receipt, lease_epoch
+from dispatch.bench.stats import p50_max
 
 
 def test_the_epoch_of_a_lease_token_is_before_the_dot() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from dispatch.bench.failover_bench import AckingWorkers
+from dispatch.bench.harness_load import AckingWorkers
 from dispatch.settings import Settings, to_environment
 
 DISPATCH = str(Path(sys.executable).parent / "dispatch")

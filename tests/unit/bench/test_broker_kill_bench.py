@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dispatch.bench.broker_kill_bench import PAUSE_GOAL_S, Round, kill_plan, summary
-from dispatch.bench.failover_bench import Outcome
+from dispatch.bench.harness_load import Outcome
 
 
 def test_the_kill_plan_is_random_reproducible_and_within_the_cluster() -> None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from dispatch.core.commands import SubmitRequest
 from dispatch.event_records import EventBatch
-from dispatch.settings import Settings
+from dispatch.settings import KafkaSettings, Settings
 
 if TYPE_CHECKING:
     from dispatch.api.kafka_log import SubmitRecord
@@ -173,21 +173,35 @@ class NodeIO(LeaderIO, Protocol):
         ...
 
 
+def open_event_log(kafka: KafkaSettings, group: str, client_id: str) -> TransactionalLog:
+    """The group's transactional event log on `kafka.leader_client`; opening it fences every
+    log the group opened before."""
+    if kafka.leader_client == "librdkafka":
+        from dispatch.api.rdkafka_log import RdkafkaEventLog
+
+        return RdkafkaEventLog(kafka, group, client_id=client_id)
+    from dispatch.api.kafka_log import EventLog
+
+    return EventLog(kafka, group, client_id=client_id)
+
+
 class KafkaLeaderIO:
-    """The production seams: Kafka (kafka-python for the term, librdkafka for submissions)
-    and the Delta `jobs` table for snapshots."""
+    """The production seams: Kafka (the term's transactional log on `kafka.leader_client`,
+    its submit reader and replay on kafka-python, submissions on librdkafka) and the Delta
+    `jobs` table for snapshots."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
     def open_log(self, group: str, client_id: str) -> TransactionalLog:
-        from dispatch.api.kafka_log import EventLog
-
-        return EventLog(self.settings.kafka, group, client_id=client_id)
+        return open_event_log(self.settings.kafka, group, client_id)
 
     def open_submit_source(
         self, group: str, client_id: str, position: Mapping[int, int] | None
     ) -> SubmitSource:
+        # kafka-python whatever `kafka.leader_client` says: the same reader on librdkafka cost
+        # the broker 15-35% more CPU a job for no gain (BENCHMARKS.md, *The leader's log on
+        # librdkafka*).
         from dispatch.api.kafka_log import SubmitReader
 
         return SubmitReader(self.settings.kafka, group, client_id=client_id, position=position)

@@ -4,9 +4,11 @@ string (where a key may travel) in the logs."""
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import re
+import signal
 from typing import Any, TypeGuard
 
 import uvicorn
@@ -210,6 +212,9 @@ def serve(settings: Settings, port: int, node_id: str | None = None) -> None:
     )
     # kafka-python logs every connection at INFO: only its warnings matter here.
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    # `kill -USR1 <pid>` writes every thread's stack to the node's stderr (its log): what a
+    # stalled loop is waiting on, without stopping the node.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     host = settings.api.host
     # What clients are sent to (307s, the lease row): set api.advertise_url when host:port is
     # not how others reach this node (0.0.0.0 in a container, a proxy).

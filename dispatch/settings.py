@@ -15,7 +15,7 @@ import re
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -221,6 +221,11 @@ class KafkaSettings(_Section):
     external: bool = False
     """The brokers are the user's (`bootstrap` names them): `dispatch up` starts no broker and
     only creates the topics that are missing."""
+    leader_client: Literal["librdkafka", "kafka-python"] = "librdkafka"
+    """The Kafka client of the leader's transactional event log: librdkafka (confluent-kafka;
+    its protocol work runs in C, off the node's GIL) or kafka-python. Both pass the same
+    contract and fencing tests; the submit reader and the rebuild's replay use kafka-python
+    either way."""
 
     @field_validator("bootstrap")
     @classmethod

@@ -22,13 +22,15 @@ pytestmark = pytest.mark.integration
 GROUP = "contract"
 
 
-@pytest.fixture(params=["memory", "kafka"])
+@pytest.fixture(params=["memory", "librdkafka", "kafka-python"])
 def io(request: pytest.FixtureRequest, settings: Settings) -> Iterator[NodeIO]:
+    """The in-memory twin, and Kafka with the leader's log on each client it can use."""
     if request.param == "memory":
         yield MemoryLog(settings)
     else:
         topics: Settings = request.getfixturevalue("topics")
-        yield KafkaLeaderIO(topics)
+        kafka = topics.kafka.model_copy(update={"leader_client": request.param})
+        yield KafkaLeaderIO(topics.model_copy(update={"kafka": kafka}))
 
 
 def record(epoch: int, position: dict[int, int] | None) -> bytes:
@@ -133,3 +135,37 @@ def test_a_decoded_commit_is_what_the_leader_encoded(io: NodeIO) -> None:
     finally:
         reader.close()
     assert batch == decode_batch(record(3, {1: 4}))
+
+
+def test_the_group_offsets_a_commit_carries_are_where_a_source_without_a_position_starts(
+    io: NodeIO,
+) -> None:
+    """The offsets that ride in a transaction now and then (for the tools that read the
+    consumer group, and a term whose log carries no position) are the group's own."""
+    jobs = [SubmitRequest(id=f"o{n}", exec="contract.x", payload={}) for n in range(4)]
+    sink = io.open_submit_sink("contract-offsets-sink")
+    try:
+        asyncio.run(sink.send(jobs))
+    finally:
+        sink.close(5.0)
+    source = io.open_submit_source(GROUP, "contract-offsets", None)
+    try:
+        read = 0
+        for _ in range(50):
+            read += len(source.poll(200))
+            if read >= len(jobs):
+                break
+        position = dict(source.position)
+    finally:
+        source.close()
+    log = io.open_log(GROUP, "contract-offsets-writer")
+    try:
+        log.commit([record(1, position)], [], position)
+    finally:
+        log.close()
+    again = io.open_submit_source(GROUP, "contract-offsets-again", None)
+    try:
+        assert again.poll(500) == []
+        assert again.position == position
+    finally:
+        again.close()

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaException
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError
 
-from dispatch.api.kafka_log import EventLog
+from dispatch.api.leader_io import TransactionalLog, open_event_log
 from dispatch.api.submit_producer import SubmitProducer, SubmitUnavailable
 from dispatch.bench.chaos import read_topic
 from dispatch.core.commands import SubmitRequest
@@ -105,15 +106,15 @@ def test_a_cluster_replicates_the_topics_and_the_transactions_three_times(
     # on a loaded machine their creation may outlast the leader's 5 s call deadline once.
     for attempt in range(3):
         try:
-            log = EventLog(kafka, "replicated", client_id="test-replicated")
-        except KafkaError:
+            log = open_event_log(kafka, "replicated", "test-replicated")
+        except (KafkaError, KafkaException):
             if attempt == 2:
                 raise
             continue
         try:
             log.commit([b"first"], [], {0: 0})
             break
-        except KafkaError:
+        except (KafkaError, KafkaException):
             if attempt == 2:
                 raise
         finally:
@@ -207,7 +208,7 @@ def _submit(kafka_settings: Settings, writer: Writer) -> None:
 def _commit(settings: Settings, writer: Writer) -> None:
     """The leader's transactional producer: one record per transaction; after a failed
     commit a new one fences the old and goes on (as a new leader term does)."""
-    log: EventLog | None = None
+    log: TransactionalLog | None = None
     number = 0
     try:
         while not writer.stop.is_set():
@@ -215,9 +216,9 @@ def _commit(settings: Settings, writer: Writer) -> None:
             number += 1
             try:
                 if log is None:
-                    log = EventLog(settings.kafka, "kill", client_id="test-kill-txn")
+                    log = open_event_log(settings.kafka, "kill", "test-kill-txn")
                 log.commit([record_id.encode()], [])
-            except KafkaError:
+            except (KafkaError, KafkaException):
                 writer.failures += 1
                 if log is not None:
                     log.close()
@@ -300,13 +301,15 @@ def test_kill_9_of_a_partition_leader_loses_nothing_acknowledged(
     assert committed <= _read_committed(healthy, healthy.kafka.events_topic, keys=False)
 
 
+@pytest.mark.parametrize("leader_client", ["librdkafka", "kafka-python"])
 def test_the_event_log_outlives_the_death_of_its_transaction_coordinator(
-    healthy: Settings, cluster: Cluster
+    healthy: Settings, cluster: Cluster, leader_client: str
 ) -> None:
     """The leader's producer goes on in the same term (no new `init_transactions`, no
     rebuild) once the cluster moved the coordinator: kafka-python on its own forgot the
     transaction's first request and the commit timed out (`CoordinatorRetryingClient`)."""
-    log = EventLog(healthy.kafka, "coordinator", client_id="test-coordinator-kill")
+    kafka = healthy.kafka.model_copy(update={"leader_client": leader_client})
+    log = open_event_log(kafka, f"coordinator-{leader_client}", "test-coordinator-kill")
     try:
         log.commit([b"before"], [])
         # One partition of transaction state: its leader coordinates every transaction.

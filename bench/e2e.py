@@ -15,6 +15,10 @@ long for their first couple of thousand commits (its JIT compiles the transactio
 lone commit loop measured 5.4 ms p50 for the first 250, 2.7 ms after 2,500), and the first
 seconds of a run measured that, not the dispatcher a long-running broker serves.
 
+The SDK loop (`sdk_loop` calls of `Client.submit`, after the measured phase): one after the
+other, or over `sdk_threads` threads sharing one `Client`, or from `sdk_async` tasks on one
+`AsyncClient` (`sdk_loop_mode`: "sequential", "threads:T", "async:C").
+
 CPU per job by process (`cpu`; `sdk_loop_cpu` for the SDK loop): over the measured phase, the
 CPU of the broker's JVM, the node (the leader: `/readyz` answers 200 on a leader only), the
 bench's process (its W workers: coroutines of one event loop, so one row), the load
@@ -98,8 +102,10 @@ class BenchResult:
     warmup_submit_to_assign_ms: dict[str, float] | None = None
     """submit→assign of the warm-up jobs (left out of every other figure)."""
     sdk_loop_jobs: int = 0
+    sdk_loop_mode: str | None = None
+    """How the SDK loop called (`sdk_loop_mode()`); None without an SDK loop."""
     sdk_loop_jobs_per_s: float | None = None
-    """A sequential `Client.submit` loop (the SDK, one job per request, one at a time)."""
+    """A `Client.submit` loop (the SDK, one job per request; one at a time when sequential)."""
     sdk_loop_ms: dict[str, float] | None = None
     cpu: CpuReport | None = None
     """CPU per job by process over the measured phase (`dispatch.bench.process_cpu`)."""
@@ -153,13 +159,38 @@ def broker_processes(settings: Settings) -> list[Watched]:
     ]
 
 
+def sdk_loop_mode(threads: int = 1, tasks: int = 0) -> str:
+    """The SDK loop's mode as the bench's JSON names it: "sequential", "threads:T" (T threads
+    sharing one `Client`) or "async:C" (C tasks on one `AsyncClient`). Both at once would be
+    neither figure, so that is refused."""
+    if threads < 1 or tasks < 0:
+        raise ValueError(f"SDK loop: {threads} threads and {tasks} tasks")
+    if tasks and threads > 1:
+        raise ValueError("SDK loop: threads or async tasks, not both")
+    if tasks:
+        return f"async:{tasks}"
+    return "sequential" if threads == 1 else f"threads:{threads}"
+
+
+def sdk_loop_name(mode: str | None) -> str:
+    """The name of the SDK loop's figures and CPU table: `SDK loop` when sequential (its name
+    before the other modes), else with its mode in words."""
+    kind, _, count = (mode or "sequential").partition(":")
+    if kind == "threads":
+        return f"SDK loop, {count} threads sharing one Client"
+    if kind == "async":
+        return f"SDK loop, {count} tasks on one AsyncClient"
+    return "SDK loop"
+
+
 def cpu_tables(result: BenchResult) -> str:
     """The text of the CPU-per-job tables (`dispatch bench` prints them under its figures)."""
     tables = []
     if result.cpu is not None:
         tables.append(format_table(result.cpu, "CPU per job by process, measured phase"))
     if result.sdk_loop_cpu is not None:
-        tables.append(format_table(result.sdk_loop_cpu, "CPU per job by process, SDK loop"))
+        title = f"CPU per job by process, {sdk_loop_name(result.sdk_loop_mode)}"
+        tables.append(format_table(result.sdk_loop_cpu, title))
     return "\n\n".join(tables)
 
 
@@ -240,7 +271,8 @@ class Load:
 
     def __init__(self, url: str, keys: dict[str, str], *, jobs: int, workers: int, batch: int,
                  clients: int, payload_bytes: int, rate: float | None, warmup_jobs: int = 0,
-                 sdk_loop: int = 0, watched: list[Watched] | None = None) -> None:  # fmt: skip
+                 sdk_loop: int = 0, sdk_threads: int = 1, sdk_async: int = 0,
+                 watched: list[Watched] | None = None) -> None:  # fmt: skip
         self.url, self.keys = url, keys
         self.watched = watched or []
         """Processes whose CPU per job is read over the measured phase and the SDK loop."""
@@ -248,6 +280,7 @@ class Load:
         self.sdk_cpu: CpuReport | None = None
         self.jobs, self.workers, self.batch, self.clients = jobs, workers, batch, clients
         self.warmup_jobs, self.sdk_loop = warmup_jobs, sdk_loop
+        self.sdk_threads, self.sdk_async = sdk_threads, sdk_async
         self.payload_bytes = payload_bytes
         self.rate = rate
         self.completed = 0
@@ -290,7 +323,8 @@ class Load:
             self.sdk_submitted = await self._phase("sdk", self.sdk_loop, sdk=True)
             window.stop()
             ended = children_cpu_s() - ended
-            self.sdk_cpu = self._cpu(window, ended, self.sdk_submitted, self.sdk_loop, "SDK loop")
+            what = sdk_loop_name(sdk_loop_mode(self.sdk_threads, self.sdk_async))
+            self.sdk_cpu = self._cpu(window, ended, self.sdk_submitted, self.sdk_loop, what)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -319,7 +353,8 @@ class Load:
         host, _, port = self.url.removeprefix("http://").partition(":")
         plan = {"host": host, "port": int(port), "key": self.keys["client"], "prefix": prefix,
                 "jobs": count, "clients": self.clients, "batch": self.batch,
-                "payload_bytes": self.payload_bytes, "rate": self.rate, "sdk": sdk}  # fmt: skip
+                "payload_bytes": self.payload_bytes, "rate": self.rate, "sdk": sdk,
+                "sdk_threads": self.sdk_threads, "sdk_async": self.sdk_async}  # fmt: skip
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dispatch.bench.submitters",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -384,8 +419,9 @@ def since(start: dict[str, float], end: dict[str, float]) -> list[float]:
 
 @unwinds_on_sigterm
 def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payload_bytes: int,
-              rate: float | None, clients: int = 4, warmup_jobs: int = 0,
-              sdk_loop: int = 0) -> BenchResult:  # fmt: skip
+              rate: float | None, clients: int = 4, warmup_jobs: int = 0, sdk_loop: int = 0,
+              sdk_threads: int = 1, sdk_async: int = 0) -> BenchResult:  # fmt: skip
+    mode = sdk_loop_mode(sdk_threads, sdk_async)  # refused before a broker starts
     before = machine()
     with (
         broker_for(settings) as on_broker,
@@ -413,7 +449,8 @@ def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payloa
             ]
             load = Load(url, keys, jobs=jobs, workers=workers, batch=batch, clients=clients,
                         payload_bytes=payload_bytes, rate=rate, warmup_jobs=warmup_jobs,
-                        sdk_loop=sdk_loop, watched=watched)  # fmt: skip
+                        sdk_loop=sdk_loop, sdk_threads=sdk_threads, sdk_async=sdk_async,
+                        watched=watched)  # fmt: skip
             try:
                 elapsed = asyncio.run(load.run())
             except Exception as error:
@@ -455,7 +492,7 @@ def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payloa
             warmup_submit_to_assign_ms=(
                 percentiles(since(warm_sent, assigned)) if warmup_jobs else None
             ),
-            sdk_loop_jobs=sdk_loop,
+            sdk_loop_jobs=sdk_loop, sdk_loop_mode=mode if sdk_loop else None,
             sdk_loop_jobs_per_s=sdk["jobs_per_s"] if sdk else None,
             sdk_loop_ms=sdk["request_ms"] if sdk else None,
             cpu=load.cpu, sdk_loop_cpu=load.sdk_cpu,

@@ -15,9 +15,11 @@ schedule slips, and `behind_ms` says by how much (the rate asked for is then not
 measured: both are reported).
 
 With `sdk`, the process runs one sequential loop of the SDK's `Client.submit` instead: a
-user's first script. In a process of its own, because in the bench's process it would share
-the GIL with the bench's workers (their event loop wakes every 2 ms to flush acks), and each
-hand-off costs up to the 5 ms switch interval.
+user's first script. Or, to see what one client object serves when a program calls it
+concurrently, the same calls spread over `sdk_threads` threads sharing one `Client`, or over
+`sdk_async` tasks on one `AsyncClient`. In a process of its own, because in the bench's
+process it would share the GIL with the bench's workers (their event loop wakes every 2 ms to
+flush acks), and each hand-off costs up to the 5 ms switch interval.
 
 Run as `python -m dispatch.bench.submitters` with a JSON plan on stdin; prints a JSON report on
 stdout.
@@ -30,13 +32,14 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import uvloop
 
 from dispatch.bench.stats import percentiles
-from dispatch.client import Client
+from dispatch.client import AsyncClient, Client
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,10 @@ class Plan:
     rate: float | None = None
     sdk: bool = False
     """Instead: one sequential loop of the SDK's `Client.submit`, as a user's script would."""
+    sdk_threads: int = 1
+    """With `sdk`: the calls spread over this many threads sharing one `Client`."""
+    sdk_async: int = 0
+    """With `sdk`: instead, `AsyncClient.submit` from this many tasks on one client (0: no)."""
 
 
 class Refused(Exception):
@@ -158,18 +165,50 @@ async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
 
 
 def sdk_loop(plan: Plan) -> dict[str, Any]:
-    """`Client.submit` in a sequential loop: the figure a user's first script sees."""
+    """`Client.submit` in a sequential loop: the figure a user's first script sees. With
+    `sdk_threads` or `sdk_async`, the same calls made concurrently through one client object,
+    as a program shares one: each thread or task takes the next job number when its call is
+    answered (a closed loop, like the submitters')."""
     payload = "p" * plan.payload_bytes
-    latencies = []
-    sent_at = {}
-    started = time.monotonic()
-    with Client(f"http://{plan.host}:{plan.port}", plan.key) as client:
-        for n in range(plan.jobs):
+    latencies: list[float] = []
+    sent_at: dict[str, float] = {}
+    # One iterator for all: under the GIL each `next` hands a number to one caller only.
+    numbers = iter(range(plan.jobs))
+
+    def submit(client: Client) -> None:
+        for n in numbers:
             job_id = f"{plan.prefix}-{n}"
             sent_at[job_id] = time.time()
             began = time.perf_counter()
             client.submit("bench.noop", payload, id=job_id)
             latencies.append(time.perf_counter() - began)
+
+    async def submit_async(client: AsyncClient) -> None:
+        for n in numbers:
+            job_id = f"{plan.prefix}-{n}"
+            sent_at[job_id] = time.time()
+            began = time.perf_counter()
+            await client.submit("bench.noop", payload, id=job_id)
+            latencies.append(time.perf_counter() - began)
+
+    async def run_async() -> None:
+        async with AsyncClient(url, plan.key) as client:
+            await asyncio.gather(*(submit_async(client) for _ in range(plan.sdk_async)))
+
+    url = f"http://{plan.host}:{plan.port}"
+    started = time.monotonic()
+    if plan.sdk_async:
+        # The standard event loop, not uvloop: the one a user's `asyncio.run` gets.
+        asyncio.run(run_async())
+    else:
+        with Client(url, plan.key) as client:
+            if plan.sdk_threads == 1:
+                submit(client)
+            else:
+                with ThreadPoolExecutor(plan.sdk_threads) as pool:
+                    # `result()` raises a thread's error here, not in a log line.
+                    for future in [pool.submit(submit, client) for _ in range(plan.sdk_threads)]:
+                        future.result()
     seconds = time.monotonic() - started
     rate = round(plan.jobs / seconds, 1)
     return {"requests": plan.jobs, "jobs": plan.jobs, "seconds": round(seconds, 3),

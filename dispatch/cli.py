@@ -281,17 +281,31 @@ def bench(
     sdk_loop: Annotated[
         int, typer.Option(min=0, help="Then time this many sequential `Client.submit` calls.")
     ] = 0,
+    sdk_threads: Annotated[
+        int, typer.Option(min=1, help="The SDK loop's calls over this many threads, one Client.")
+    ] = 1,
+    sdk_async: Annotated[
+        int,
+        typer.Option(min=0, help="The SDK loop as this many concurrent tasks on one AsyncClient."),
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """End-to-end jobs/s and latency percentiles, beside raw kafka-python on the same broker."""
     import json
 
-    from dispatch.bench.e2e import cpu_tables, run_bench
+    from dispatch.bench.e2e import cpu_tables, run_bench, sdk_loop_mode, sdk_loop_name
     from dispatch.bench.stats import steal_percent
 
+    try:
+        mode = sdk_loop_mode(sdk_threads, sdk_async)
+        if mode != "sequential" and not sdk_loop:
+            raise ValueError("--sdk-threads and --sdk-async need --sdk-loop N")
+    except ValueError as error:
+        raise _fail(error, EXIT_USAGE) from None
     result = run_bench(
         _settings(), jobs=jobs, workers=workers, batch=batch, payload_bytes=payload_bytes,
         rate=rate, clients=clients, warmup_jobs=warmup_jobs, sdk_loop=sdk_loop,
+        sdk_threads=sdk_threads, sdk_async=sdk_async,
     )  # fmt: skip
     if as_json:
         console.print_json(json.dumps(result.as_dict()))
@@ -318,7 +332,7 @@ def bench(
     table.add_row("ratio", f"{result.ratio:.2f}")
     if result.sdk_loop_jobs_per_s is not None:
         table.add_row(
-            "SDK loop (sequential)",
+            "SDK loop (sequential)" if mode == "sequential" else sdk_loop_name(mode),
             f"{result.sdk_loop_jobs_per_s:,.0f} jobs/s over {result.sdk_loop_jobs} calls",
         )
     for name, figures in (

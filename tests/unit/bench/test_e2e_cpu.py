@@ -6,7 +6,16 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from dispatch.bench.e2e import BenchResult, Load, broker_processes, cpu_tables
+import pytest
+
+from dispatch.bench.e2e import (
+    BenchResult,
+    Load,
+    broker_processes,
+    cpu_tables,
+    sdk_loop_mode,
+    sdk_loop_name,
+)
 from dispatch.bench.process_cpu import CpuWindow
 from dispatch.settings import load_settings
 
@@ -45,3 +54,29 @@ def test_the_cpu_tables_print_under_the_figures_only_when_measured() -> None:
         "CPU per job by process, measured phase",
         "CPU per job by process, SDK loop",
     ]
+
+
+def test_the_sdk_loops_mode_is_sequential_threads_or_async_never_both() -> None:
+    assert sdk_loop_mode() == sdk_loop_mode(1, 0) == "sequential"
+    assert sdk_loop_mode(16) == "threads:16"
+    assert sdk_loop_mode(1, 64) == "async:64"
+    with pytest.raises(ValueError, match="not both"):
+        sdk_loop_mode(16, 64)
+    with pytest.raises(ValueError):
+        sdk_loop_mode(0)
+
+
+def test_the_sdk_loops_name_says_its_mode_except_sequential() -> None:
+    # Sequential keeps the name it had before the modes: today's output, unchanged.
+    assert sdk_loop_name("sequential") == sdk_loop_name(None) == "SDK loop"
+    assert sdk_loop_name("threads:16") == "SDK loop, 16 threads sharing one Client"
+    assert sdk_loop_name("async:64") == "SDK loop, 64 tasks on one AsyncClient"
+    fields = {field.name: None for field in dataclasses.fields(BenchResult)}
+    window = CpuWindow([])
+    window.start()
+    window.stop()
+    result = BenchResult(**fields)  # type: ignore[arg-type]
+    text = cpu_tables(
+        dataclasses.replace(result, sdk_loop_cpu=window.report(10), sdk_loop_mode="async:64")
+    )
+    assert text.startswith("CPU per job by process, SDK loop, 64 tasks on one AsyncClient: 10 jobs")

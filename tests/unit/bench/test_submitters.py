@@ -8,11 +8,15 @@ import dataclasses
 import io
 import json
 import os
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
-from dispatch.bench.submitters import Plan, Refused, Submitters, _read_answer, main
+from dispatch.bench.submitters import Plan, Refused, Submitters, _read_answer, main, sdk_loop
 
 _BODY = b'{"id":"job-1","status":"queued","existing":false}'
 ACCEPTED = (
@@ -179,3 +183,65 @@ def test_the_report_carries_the_processs_pid_and_its_cpu_while_submitting(
     assert report["pid"] == os.getpid()
     assert report["cpu_s"] >= 0
     assert report["jobs"] == 0
+
+
+class _Node(ThreadingHTTPServer):
+    """Answers each `POST /v1/jobs` 202 after a short pause, counting the calls in flight."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Accept)
+        self.ids: list[str] = []
+        self.in_flight = self.peak = 0
+        self.lock = threading.Lock()
+
+
+class _Accept(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the node's
+    server: _Node
+
+    def do_POST(self) -> None:
+        job = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with self.server.lock:
+            self.server.ids.append(job["id"])
+            self.server.in_flight += 1
+            self.server.peak = max(self.server.peak, self.server.in_flight)
+        time.sleep(0.01)  # long enough that concurrent callers overlap
+        with self.server.lock:
+            self.server.in_flight -= 1
+        body = json.dumps({"id": job["id"], "status": "queued", "existing": False}).encode()
+        self.send_response(202)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def node() -> Iterator[_Node]:
+    server = _Node()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "concurrent"),
+    [({}, 1), ({"sdk_threads": 4}, 4), ({"sdk_async": 4}, 4)],
+    ids=["sequential", "threads", "async"],
+)
+def test_the_sdk_loop_submits_each_job_once_with_as_many_calls_at_once_as_asked(
+    node: _Node, mode: dict[str, int], concurrent: int
+) -> None:
+    plan = _plan(port=node.server_address[1], jobs=12, batch=1, sdk=True, **mode)
+    report = sdk_loop(plan)
+    assert sorted(node.ids) == sorted(f"p-{n}" for n in range(12))
+    assert sorted(report["sent_at"]) == sorted(node.ids)
+    assert (report["requests"], report["jobs"], report["behind_ms"]) == (12, 12, None)
+    assert report["request_ms"]["p50"] >= 10
+    # Sequential: one call at a time; otherwise they overlap (4 at once if scheduled so).
+    assert node.peak == 1 if concurrent == 1 else 1 < node.peak <= concurrent

@@ -186,9 +186,9 @@ def open_event_log(kafka: KafkaSettings, group: str, client_id: str) -> Transact
 
 
 class KafkaLeaderIO:
-    """The production seams: Kafka (the term's transactional log on `kafka.leader_client`,
-    its submit reader and replay on kafka-python, submissions on librdkafka) and the Delta
-    `jobs` table for snapshots."""
+    """The production seams: Kafka (the term's transactional log and submit reader on
+    `kafka.leader_client`, the rebuild's replay on kafka-python, submissions on librdkafka)
+    and the Delta `jobs` table for snapshots."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -199,12 +199,14 @@ class KafkaLeaderIO:
     def open_submit_source(
         self, group: str, client_id: str, position: Mapping[int, int] | None
     ) -> SubmitSource:
-        # kafka-python whatever `kafka.leader_client` says: the same reader on librdkafka cost
-        # the broker 15-35% more CPU a job for no gain (BENCHMARKS.md, *The leader's log on
-        # librdkafka*).
+        kafka = self.settings.kafka
+        if kafka.leader_client == "librdkafka":
+            from dispatch.api.rdkafka_submit_reader import RdkafkaSubmitReader
+
+            return RdkafkaSubmitReader(kafka, group, client_id=client_id, position=position)
         from dispatch.api.kafka_log import SubmitReader
 
-        return SubmitReader(self.settings.kafka, group, client_id=client_id, position=position)
+        return SubmitReader(kafka, group, client_id=client_id, position=position)
 
     def open_log_reader(self, client_id: str) -> LogReader:
         from dispatch.api.kafka_log import EventsReader

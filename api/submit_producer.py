@@ -5,8 +5,8 @@ its 202, so this producer's round trip is the floor of a single-job request. kaf
 sender thread runs Python under the node's GIL, beside its event loop; librdkafka's I/O
 threads are C and never take it. `bench/producer_bench.py` measures both on the same broker
 (BENCHMARKS.md, *The submit path*: several times shorter round trips, one record at a time or
-64 waiting at once). The leader's transactional event log is on librdkafka too
-(`dispatch.api.rdkafka_log`); its read_committed submit reader stays on kafka-python.
+64 waiting at once). The leader's transactional event log and its submit reader are on
+librdkafka too (`dispatch.api.rdkafka_log`, `dispatch.api.rdkafka_submit_reader`).
 
 Threads: librdkafka runs its own; one Python thread (`dispatch-submit-poll`) serves delivery
 reports (`poll`), which resolve each request's future on its event loop, once per request

@@ -111,6 +111,11 @@ class BenchResult:
     """CPU per job by process over the measured phase (`dispatch.bench.process_cpu`)."""
     sdk_loop_cpu: CpuReport | None = None
     """The same over the SDK loop."""
+    transactions: int | None = None
+    """The leader's Kafka transactions over the measured phase (its /metrics): what the broker
+    pays most for a job, so jobs per transaction says how well decisions were batched."""
+    sdk_loop_transactions: int | None = None
+    """The same over the SDK loop."""
 
     @property
     def ratio(self) -> float:
@@ -264,6 +269,27 @@ def raw_kafka_rate(settings: Settings, count: int, payload_bytes: int) -> float:
     return count / elapsed
 
 
+def leader_transactions(url: str) -> int | None:
+    """How many transactions the leader at `url` committed so far (the count of its commit
+    histogram), or None when its /metrics does not say."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("dispatch_commit_seconds_count"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return None
+
+
+def _since(now: int | None, before: int | None) -> int | None:
+    return now - before if now is not None and before is not None else None
+
+
+def jobs_per_transaction(jobs: int, transactions: int | None) -> str:
+    return f"{jobs / transactions:.2f}" if transactions else "-"
+
+
 class Load:
     """Submits `jobs` no-op jobs from `clients` concurrent submitters (a process of their own,
     `dispatch.bench.submitters`) and runs `workers` WebSocket workers in this process that ack
@@ -290,6 +316,8 @@ class Load:
         """The measured phase's submitters' report (`dispatch.bench.submitters`)."""
         self.warmup_submitted: dict[str, Any] = {}
         self.sdk_submitted: dict[str, Any] = {}
+        self.transactions: int | None = None
+        self.sdk_transactions: int | None = None
 
     async def run(self) -> float:
         """Run the warm-up jobs to completion, then the measured ones, then the SDK loop;
@@ -308,20 +336,28 @@ class Load:
         gc.disable()
         try:
             window, ended = CpuWindow(self.watched), children_cpu_s()
+            committed = await asyncio.to_thread(leader_transactions, self.url)
             window.start()
             started = time.monotonic()
             self.submitted = await self._phase("job", self.jobs)
             elapsed = time.monotonic() - started
             window.stop()
+            self.transactions = _since(
+                await asyncio.to_thread(leader_transactions, self.url), committed
+            )
         finally:
             gc.enable()
         what = f"{self.clients} clients, batch {self.batch}"
         self.cpu = self._cpu(window, children_cpu_s() - ended, self.submitted, self.jobs, what)
         if self.sdk_loop:
             window, ended = CpuWindow(self.watched), children_cpu_s()
+            committed = await asyncio.to_thread(leader_transactions, self.url)
             window.start()
             self.sdk_submitted = await self._phase("sdk", self.sdk_loop, sdk=True)
             window.stop()
+            self.sdk_transactions = _since(
+                await asyncio.to_thread(leader_transactions, self.url), committed
+            )
             ended = children_cpu_s() - ended
             what = sdk_loop_name(sdk_loop_mode(self.sdk_threads, self.sdk_async))
             self.sdk_cpu = self._cpu(window, ended, self.sdk_submitted, self.sdk_loop, what)
@@ -496,6 +532,7 @@ def run_bench(settings: Settings, *, jobs: int, workers: int, batch: int, payloa
             sdk_loop_jobs_per_s=sdk["jobs_per_s"] if sdk else None,
             sdk_loop_ms=sdk["request_ms"] if sdk else None,
             cpu=load.cpu, sdk_loop_cpu=load.sdk_cpu,
+            transactions=load.transactions, sdk_loop_transactions=load.sdk_transactions,
         )  # fmt: skip
 
 

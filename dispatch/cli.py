@@ -293,7 +293,13 @@ def bench(
     """End-to-end jobs/s and latency percentiles, beside raw kafka-python on the same broker."""
     import json
 
-    from dispatch.bench.e2e import cpu_tables, run_bench, sdk_loop_mode, sdk_loop_name
+    from dispatch.bench.e2e import (
+        cpu_tables,
+        jobs_per_transaction,
+        run_bench,
+        sdk_loop_mode,
+        sdk_loop_name,
+    )
     from dispatch.bench.stats import steal_percent
 
     try:
@@ -330,11 +336,15 @@ def bench(
     table.add_row("end-to-end", f"{result.jobs_per_s:,.0f} jobs/s ({result.seconds:.1f} s)")
     table.add_row("raw kafka-python", f"{result.raw_kafka_records_per_s:,.0f} records/s")
     table.add_row("ratio", f"{result.ratio:.2f}")
+    each = jobs_per_transaction(result.jobs, result.transactions)
+    table.add_row("leader transactions", f"{result.transactions} ({each} jobs each)")
     if result.sdk_loop_jobs_per_s is not None:
         table.add_row(
             "SDK loop (sequential)" if mode == "sequential" else sdk_loop_name(mode),
             f"{result.sdk_loop_jobs_per_s:,.0f} jobs/s over {result.sdk_loop_jobs} calls",
         )
+        each = jobs_per_transaction(result.sdk_loop_jobs, result.sdk_loop_transactions)
+        table.add_row("  leader transactions", f"{result.sdk_loop_transactions} ({each} jobs each)")
     for name, figures in (
         ("request ms", result.request_ms),
         ("  behind schedule ms", result.behind_ms),

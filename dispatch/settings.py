@@ -222,10 +222,10 @@ class KafkaSettings(_Section):
     """The brokers are the user's (`bootstrap` names them): `dispatch up` starts no broker and
     only creates the topics that are missing."""
     leader_client: Literal["librdkafka", "kafka-python"] = "librdkafka"
-    """The Kafka client of the leader's transactional event log: librdkafka (confluent-kafka;
-    its protocol work runs in C, off the node's GIL) or kafka-python. Both pass the same
-    contract and fencing tests; the submit reader and the rebuild's replay use kafka-python
-    either way."""
+    """The Kafka client of the leader's term, its transactional event log and its reader of
+    submissions: librdkafka (confluent-kafka; its protocol work runs in C, off the node's
+    GIL) or kafka-python. Both pass the same contract and fencing tests; the rebuild's
+    replay uses kafka-python either way."""
 
     @field_validator("bootstrap")
     @classmethod

@@ -191,8 +191,15 @@ def sdk_loop(plan: Plan) -> dict[str, Any]:
             await client.submit("bench.noop", payload, id=job_id)
             latencies.append(time.perf_counter() - began)
 
+    # `DISPATCH_BENCH_SUBMITS_IN_FLIGHT=0` turns the SDK's gathering of concurrent submits off
+    # (every call its own request): the baseline its figures are measured against.
+    in_flight = os.environ.get("DISPATCH_BENCH_SUBMITS_IN_FLIGHT")
+    options: dict[str, Any] = {}
+    if in_flight is not None:
+        options["max_submits_in_flight"] = int(in_flight) or None
+
     async def run_async() -> None:
-        async with AsyncClient(url, plan.key) as client:
+        async with AsyncClient(url, plan.key, **options) as client:
             await asyncio.gather(*(submit_async(client) for _ in range(plan.sdk_async)))
 
     url = f"http://{plan.host}:{plan.port}"
@@ -201,7 +208,7 @@ def sdk_loop(plan: Plan) -> dict[str, Any]:
         # The standard event loop, not uvloop: the one a user's `asyncio.run` gets.
         asyncio.run(run_async())
     else:
-        with Client(url, plan.key) as client:
+        with Client(url, plan.key, **options) as client:
             if plan.sdk_threads == 1:
                 submit(client)
             else:

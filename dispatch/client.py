@@ -58,6 +58,7 @@ from dispatch.http_transport import (
     SyncTransport,
     TransportError,
 )
+from dispatch.submit_gathering import AsyncGatherer, ThreadGatherer
 
 # The answers about jobs are the server's own classes (`dispatch.wire`), under the SDK's names.
 Job = wire.JobView
@@ -68,6 +69,9 @@ Accepted = wire.Accepted
 DEFAULT_URL = "http://127.0.0.1:8000"
 MAX_BATCH = 1000
 """Jobs per `POST /v1/jobs:batch` request sent by `submit_many`."""
+DEFAULT_SUBMITS_IN_FLIGHT = 1
+"""`submit` requests a client has on their way before concurrent single submits gather into
+shared batch requests (`dispatch.submit_gathering`); a caller alone is never delayed."""
 MAX_WAIT_PER_REQUEST_S = 60.0
 """The server's cap on `?wait=`; longer waits are made of several long-polls."""
 TERMINAL_STATUSES: frozenset[str] = frozenset(status.value for status in _CORE_TERMINAL_STATUSES)
@@ -992,7 +996,10 @@ class Client(_Base):
     `urls`: node base URLs (a list or a comma-separated string); `api_key`: a bearer key;
     `request_timeout_s`: one HTTP request; `retry_timeout_s`: the total time one call may
     spend retrying on other nodes or waiting for a leader; `fail_fast`: raise `Unreachable`
-    at once when every node refuses the connection (see the module's doc)."""
+    at once when every node refuses the connection (see the module's doc);
+    `max_submits_in_flight`: with this many `submit` requests on their way, the next
+    concurrent `submit` calls share one batch request (each still gets its own answer;
+    None: one request a call)."""
 
     def __init__(
         self,
@@ -1003,9 +1010,17 @@ class Client(_Base):
         retry_timeout_s: float = 30.0,
         backoff: Backoff | None = None,
         fail_fast: bool = False,
+        max_submits_in_flight: int | None = DEFAULT_SUBMITS_IN_FLIGHT,
     ) -> None:
         super().__init__(urls, api_key, request_timeout_s, retry_timeout_s, backoff, fail_fast)
         self._transport: SyncHTTP = SyncTransport()
+        self._gathered: ThreadGatherer[Accepted] | None = None
+        if max_submits_in_flight is not None:
+            self._gathered = ThreadGatherer(
+                lambda body: self._run(_Calls.submit(body)),
+                lambda bodies: self._run(_Calls.submit_batch(bodies)),
+                max_submits_in_flight,
+            )
 
     def __enter__(self) -> Self:
         return self
@@ -1068,6 +1083,8 @@ class Client(_Base):
              "client_id": client_id, "retry": None if retry is None else dict(retry),
              "expires_at": expires_at, "ttl_s": ttl_s, "max_run_s": max_run_s, "key": key}
         )  # fmt: skip
+        if self._gathered is not None:
+            return self._gathered.submit(submission.to_body())
         return self._run(_Calls.submit(submission.to_body()))
 
     def submit_many(
@@ -1211,10 +1228,18 @@ class AsyncClient(_Base):
         retry_timeout_s: float = 30.0,
         backoff: Backoff | None = None,
         fail_fast: bool = False,
+        max_submits_in_flight: int | None = DEFAULT_SUBMITS_IN_FLIGHT,
     ) -> None:
         super().__init__(urls, api_key, request_timeout_s, retry_timeout_s, backoff, fail_fast)
         # aiohttp's session is made on the first request, inside the running loop.
         self._transport: AsyncHTTP = AsyncTransport()
+        self._gathered: AsyncGatherer[Accepted] | None = None
+        if max_submits_in_flight is not None:
+            self._gathered = AsyncGatherer(
+                lambda body: self._run(_Calls.submit(body)),
+                lambda bodies: self._run(_Calls.submit_batch(bodies)),
+                max_submits_in_flight,
+            )
 
     async def __aenter__(self) -> Self:
         return self
@@ -1271,6 +1296,8 @@ class AsyncClient(_Base):
              "client_id": client_id, "retry": None if retry is None else dict(retry),
              "expires_at": expires_at, "ttl_s": ttl_s, "max_run_s": max_run_s, "key": key}
         )  # fmt: skip
+        if self._gathered is not None:
+            return await self._gathered.submit(submission.to_body())
         return await self._run(_Calls.submit(submission.to_body()))
 
     async def submit_many(

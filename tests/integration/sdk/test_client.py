@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from dispatch.client import (
+    Accepted,
     AsyncClient,
     Backoff,
     Client,
@@ -315,3 +316,33 @@ def test_the_async_client_sets_and_removes_limits(api_node: RunningNode) -> None
                 assert (await admin.remove_limit("key", odd)).removed
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_concurrent_submits_share_requests_and_each_gets_its_own_answer(
+    api_node: RunningNode,
+) -> None:
+    """200 tasks on one AsyncClient (gathered into shared requests): every job is in the log once,
+    a repeated id is answered as existing, and a job the server refuses fails alone."""
+
+    async def tasks() -> list[Accepted | Invalid]:
+        async with AsyncClient(api_node.url, api_node.keys["client"]) as client:
+
+            async def one(n: int) -> Accepted | Invalid:
+                try:
+                    if n == 7:  # a priority the server refuses (the SDK does not check it)
+                        return await client.submit("sdk.gather", id="g-bad", priority=10**9)
+                    return await client.submit("sdk.gather", {"n": n}, id=f"g-{n % 150}")
+                except Invalid as refused:
+                    return refused
+
+            return await asyncio.gather(*(one(n) for n in range(200)))
+
+    answers = asyncio.run(tasks())
+    refused = answers.pop(7)
+    assert isinstance(refused, Invalid) and "priority" in str(refused)
+    accepted = [answer for answer in answers if isinstance(answer, Accepted)]
+    assert len(accepted) == 199
+    assert sum(1 for answer in accepted if not answer.existing) == 150
+    with _client(api_node, "client") as client:
+        for n in range(150):
+            assert visible(client, f"g-{n}").payload in ({"n": n}, {"n": n + 150})

@@ -235,8 +235,11 @@ def node() -> Iterator[_Node]:
     ids=["sequential", "threads", "async"],
 )
 def test_the_sdk_loop_submits_each_job_once_with_as_many_calls_at_once_as_asked(
-    node: _Node, mode: dict[str, int], concurrent: int
+    node: _Node, mode: dict[str, int], concurrent: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The SDK's gathering off: the calls themselves reach the server, as many at once as
+    # asked (the gathering has tests of its own: tests/unit/sdk/test_submit_gathering.py).
+    monkeypatch.setenv("DISPATCH_BENCH_SUBMITS_IN_FLIGHT", "0")
     plan = _plan(port=node.server_address[1], jobs=12, batch=1, sdk=True, **mode)
     report = sdk_loop(plan)
     assert sorted(node.ids) == sorted(f"p-{n}" for n in range(12))

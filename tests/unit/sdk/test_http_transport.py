@@ -232,7 +232,11 @@ def test_the_sync_client_sends_its_key_json_and_query(node: Node) -> None:
 
 
 def test_one_client_shared_by_16_threads(node: Node) -> None:
-    with Client(node.url, "key") as client, ThreadPoolExecutor(16) as pool:
+    # Each call its own request (no gathering of submits): the pool under 16 threads.
+    with (
+        Client(node.url, "key", max_submits_in_flight=None) as client,
+        ThreadPoolExecutor(16) as pool,
+    ):
         ids = list(pool.map(lambda n: client.submit("a.b", n, id=f"j{n}").id, range(320)))
     assert ids == [f"j{n}" for n in range(320)]
     assert len(node.seen) == 320
@@ -249,7 +253,8 @@ def _closed(session: aiohttp.ClientSession) -> bool:
 
 def test_an_async_client_runs_64_calls_at_once(node: Node) -> None:
     async def scenario() -> list[str]:
-        async with AsyncClient(node.url, "key") as client:
+        # Each call its own request (no gathering of submits): 64 at once on the session.
+        async with AsyncClient(node.url, "key", max_submits_in_flight=None) as client:
             transport = client._transport
             assert isinstance(transport, AsyncTransport) and _session(transport) is None
             accepted = await asyncio.gather(

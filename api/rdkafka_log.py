@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -156,17 +157,28 @@ class RdkafkaEventLog:
             return
         self._offsets_sent = sent
 
-    def close(self) -> None:
-        """Close without waiting: every transaction of a working term is committed, so nothing
-        is left to flush; a failed term's open transaction is aborted by the next term's
-        `init_transactions`."""
+    def _close_producer(self) -> None:
         try:
-            # Dropped first, so that `close` (which aborts an open transaction and flushes)
-            # has nothing to wait for when the broker is gone.
             self._producer.purge()
             self._producer.close()
         except Exception as error:  # noqa: BLE001  (a fenced producer's close raises SystemError)
             log.debug("closing the leader's event log: %r", error)
+
+    def close(self) -> None:
+        """Close within `KAFKA_CALL_DEADLINE_S` at most: every transaction of a working term is
+        committed, so nothing is left to flush; a failed term's open transaction is aborted
+        by the next term's `init_transactions`."""
+        # Dropped first, so that `close` (which aborts an open transaction and flushes) has
+        # nothing to wait for; and on a thread of its own, since it takes no timeout: a broker
+        # that hangs without dying must not hold the end of a term (the next term's
+        # `init_transactions` fences this producer whatever it is still doing).
+        closing = threading.Thread(
+            target=self._close_producer, name="dispatch-event-log-close", daemon=True
+        )
+        closing.start()
+        closing.join(KAFKA_CALL_DEADLINE_S)
+        if closing.is_alive():
+            log.warning("the leader's event log did not close within %ss", KAFKA_CALL_DEADLINE_S)
         sent = self._offsets_sent
         if sent is not None:
             # The last offsets of a term that ends in order reach the group (a tool reading

@@ -321,7 +321,17 @@ def test_the_event_log_outlives_the_death_of_its_transaction_coordinator(
         while _leader_if_answered(healthy, TRANSACTION_STATE) in (coordinator, -1, None):
             assert time.monotonic() < deadline, "the transaction state never got a new leader"
             time.sleep(0.1)
-        log.commit([b"after"], [])
+        try:
+            log.commit([b"after"], [])
+        except KafkaException:
+            # librdkafka may time the commit in flight out while the partitions move (seen
+            # once in CI on a loaded machine): the term then ends and the next one goes on, as
+            # the leader's node does. kafka-python's term must survive (no except for it).
+            if leader_client != "librdkafka":
+                raise
+            log.close()
+            log = open_event_log(kafka, f"coordinator-{leader_client}", "test-coordinator-kill")
+            log.commit([b"after"], [])
         log.commit([b"and on"], [])
     finally:
         log.close()
